@@ -1,0 +1,44 @@
+# lookahead-rollout. Two commands matter on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
+
+.PHONY: deps deps-python deps-system control-plane test test-unit demo crds cluster-up cluster-down \
+        bench-engine bench-decision bench-operator lint-chart
+
+deps: deps-system deps-python control-plane
+
+deps-system:
+	bash hack/install-system-deps.sh
+
+deps-python:
+	bash hack/install-python-deps.sh
+
+control-plane:
+	bash hack/build-control-plane.sh
+
+crds:
+	$(PY) -m lookahead_operator.crdgen
+
+test: deps
+	$(PY) -m pytest -q -ra
+
+test-unit: deps-python
+	$(PY) -m pytest -q tests/unit
+
+demo: deps-python
+	kubectl-lookahead analyze
+
+cluster-up: deps
+	$(PY) -m lookahead_operator.devcluster up
+
+cluster-down:
+	$(PY) -m lookahead_operator.devcluster down
+
+bench-engine: deps-python
+	$(PY) -m lookahead_canary.bench_engine
+
+bench-decision: deps-python
+	$(PY) -m lookahead_operator.bench_decision
+
+bench-operator: deps
+	$(PY) -m lookahead_operator.bench_operator

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Debian packages the test suite needs: the real Prometheus server.
+set -euo pipefail
+need=()
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+# The Debian package starts a system Prometheus on :9090 via its service; tests run their own.
