@@ -1,0 +1,762 @@
+"""A real local Kubernetes control plane and Prometheus, for tests and for use by hand.
+
+``DevCluster`` runs real ``etcd``, ``kube-apiserver`` and ``kube-controller-manager`` processes
+(built from the Go module proxy by ``bash hack/build-control-plane.sh`` into
+``${LOOKAHEAD_CACHE:-~/.cache/lookahead-rollout}/controlplane-<version>/bin``) on free loopback
+ports, with RBAC authorization, service-account tokens, and an admin kubeconfig. There is no
+kubelet and no scheduler: see ``lookahead_operator.podharness`` for the stand-in that runs Pods.
+
+``DevPrometheus`` runs Debian's ``/usr/bin/prometheus`` on a free loopback port, scraping every
+second the targets written by ``set_targets`` (file-based service discovery).
+
+By hand::
+
+    python -m lookahead_operator.devcluster up       # prints `export KUBECONFIG=...` and the Prometheus URL
+    python -m lookahead_operator.devcluster status
+    python -m lookahead_operator.devcluster down
+
+The state directory (certificates, etcd data, logs, kubeconfig, PIDs) is ``--state-dir``, else
+``$LOOKAHEAD_DEVCLUSTER_DIR``, else ``./.cluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence, TypeVar
+
+# Keep in step with K8S_VERSION in hack/build-control-plane.sh (a test checks it).
+K8S_VERSION = "v1.36.3"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+BUILD_HINT = "run `bash hack/build-control-plane.sh` (or `make control-plane`) first"
+
+T = TypeVar("T")
+
+
+class DevClusterError(RuntimeError):
+    """A component of the local control plane is missing or did not start."""
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOOKAHEAD_CACHE") or Path.home() / ".cache" / "lookahead-rollout")
+
+
+def control_plane_bin_dir() -> Path:
+    """Where the built binaries live (``$LOOKAHEAD_CONTROLPLANE_BIN`` overrides)."""
+    override = os.environ.get("LOOKAHEAD_CONTROLPLANE_BIN")
+    if override:
+        return Path(override)
+    return cache_dir() / f"controlplane-{K8S_VERSION}" / "bin"
+
+
+def control_plane_binary(name: str) -> Path:
+    """Path of one built binary (etcd, kube-apiserver, kube-controller-manager, helm, kubectl).
+
+    Raises ``DevClusterError`` saying how to build it when it is missing.
+    """
+    path = control_plane_bin_dir() / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise DevClusterError(f"{name} not found at {path}: {BUILD_HINT}")
+    return path
+
+
+def prometheus_binary() -> Path:
+    found = os.environ.get("LOOKAHEAD_PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
+    path = Path(found)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise DevClusterError(
+            f"prometheus not found at {path}: run `bash hack/install-system-deps.sh` "
+            "(installs Debian's prometheus package)"
+        )
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(
+    condition: Callable[[], T],
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    alive: Callable[[], str | None] | None = None,
+) -> T:
+    """Poll ``condition`` until it returns something truthy; raise ``TimeoutError`` after ``timeout``.
+
+    Exceptions from ``condition`` count as "not yet". ``alive`` returns an error message when
+    something we wait on has died, to fail at once instead of at the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = condition()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - any failure means "not yet"
+            last_exc = exc
+        if alive is not None:
+            dead = alive()
+            if dead:
+                raise DevClusterError(f"while waiting for {what}: {dead}")
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def kill_process_group(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group led by ``pid``; SIGKILL it if it outlives ``timeout``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _pid_alive(pid):
+                return
+            time.sleep(0.05)
+
+
+class _Proc:
+    """A child process in its own session, with its output in a log file."""
+
+    def __init__(self, name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(env) if env is not None else None,
+            )
+        self.pid = self.popen.pid
+
+    def dead(self) -> str | None:
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return f"{self.name} exited with code {code}; last lines of {self.log}:\n{_tail(self.log)}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            kill_process_group(self.pid, timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=timeout)
+
+
+def _first_dead(procs: Iterable[_Proc]) -> Callable[[], str | None]:
+    def check() -> str | None:
+        for p in procs:
+            msg = p.dead()
+            if msg:
+                return msg
+        return None
+
+    return check
+
+
+# --------------------------------------------------------------------------------------------
+# certificates (openssl CLI; EC P-256 keys are quick to make)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    res = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise DevClusterError(f"openssl {' '.join(args)} failed: {res.stderr.strip()}")
+
+
+def _ec_key(path: Path) -> None:
+    # genpkey writes PKCS#8, which every consumer (apiserver, controller-manager, Python ssl) reads.
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(path),
+             cwd=path.parent)
+
+
+def _sign(pki: Path, name: str, subject: str, usage: str, sans: Sequence[str] = ()) -> None:
+    _ec_key(pki / f"{name}.key")
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki)
+    ext = [
+        "basicConstraints=critical,CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={usage}",
+    ]
+    if sans:
+        ext.append("subjectAltName=" + ",".join(sans))
+    (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "825", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt",
+        cwd=pki,
+    )
+
+
+def generate_pki(pki: Path) -> None:
+    """CA, apiserver serving cert, admin (system:masters) and controller-manager client certs,
+    and the service-account signing key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _ec_key(pki / "ca.key")
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=lookahead-dev-ca", "-days", "3650",
+        "-sha256", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", "-out", "ca.crt",
+        cwd=pki,
+    )
+    _sign(
+        pki, "apiserver", "/CN=kube-apiserver", "serverAuth",
+        ["IP:127.0.0.1", "IP:10.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
+         "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"],
+    )
+    _sign(pki, "admin", "/O=system:masters/CN=lookahead-dev-admin", "clientAuth")
+    _sign(pki, "controller-manager", "/CN=system:kube-controller-manager", "clientAuth")
+    _ec_key(pki / "sa.key")
+    _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+    for p in pki.glob("*.key"):
+        p.chmod(0o600)
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "lookahead-dev", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "contexts": [{"name": "lookahead-dev", "context": {"cluster": "lookahead-dev", "user": user}}],
+        "current-context": "lookahead-dev",
+    }
+    # JSON is valid YAML; kubectl and the Python client both read it.
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    path.chmod(0o600)
+
+
+# --------------------------------------------------------------------------------------------
+# the control plane
+
+
+class DevCluster:
+    """etcd + kube-apiserver + kube-controller-manager on loopback.
+
+    ``DevCluster(state_dir=None).start()`` generates certificates, starts the three processes,
+    waits until ``/readyz`` answers and the controller-manager has created the ``default``
+    ServiceAccount, and writes an admin kubeconfig. ``stop()`` kills them and, for a temporary
+    state dir, removes it. Also a context manager.
+
+    ``detached=True`` leaves the processes running after this Python process exits (used by the
+    CLI); ``DevCluster.attach(state_dir)`` finds them again from ``state.json``.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, detached: bool = False,
+                 start_timeout: float = 90.0):
+        self._own_dir = state_dir is None
+        self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-devcluster-"))
+        self.detached = detached
+        self.start_timeout = start_timeout
+        self.pki = self.state_dir / "pki"
+        self.logs = self.state_dir / "logs"
+        self.kubeconfig = self.state_dir / "admin.kubeconfig"
+        self.etcd_port = 0
+        self.apiserver_port = 0
+        self._procs: list[_Proc] = []
+        self._pids: dict[str, int] = {}
+        self.started_in: float | None = None
+
+    # accessors ------------------------------------------------------------------------------
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def kubeconfig_path(self) -> str:
+        return str(self.kubeconfig)
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pki / "ca.crt"
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return dict(self._pids)
+
+    def api_client(self):
+        """A ``kubernetes.client.ApiClient`` for the admin user."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    # lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "DevCluster":
+        t0 = time.monotonic()
+        bins = {n: control_plane_binary(n) for n in ("etcd", "kube-apiserver", "kube-controller-manager")}
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        generate_pki(self.pki)
+        try:
+            self._start_etcd(bins["etcd"])
+            self._start_apiserver(bins["kube-apiserver"])
+            self._start_controller_manager(bins["kube-controller-manager"])
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in = time.monotonic() - t0
+        self._write_state()
+        return self
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
+        proc = _Proc(name, argv, self.logs / f"{name}.log")
+        self._procs.append(proc)
+        self._pids[name] = proc.pid
+        return proc
+
+    def _start_etcd(self, binary: Path) -> None:
+        self.etcd_port, peer = free_port(), free_port()
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self._spawn("etcd", [
+            str(binary),
+            "--name=dev",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=dev={peer_url}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true",  # test data only; makes writes much faster
+            "--log-level=warn",
+        ])
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{client}/health", timeout=2) as r:
+                return json.loads(r.read()).get("health") == "true"
+
+        wait_for(healthy, self.start_timeout, "etcd /health", alive=_first_dead(self._procs))
+
+    def _start_apiserver(self, binary: Path) -> None:
+        self.apiserver_port = free_port()
+        pki = self.pki
+        self._spawn("kube-apiserver", [
+            str(binary),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=0",
+        ])
+        self.write_admin_kubeconfig()
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.server}/readyz", timeout=5, context=ctx) as r:
+                return r.status == 200
+
+        wait_for(ready, self.start_timeout, "kube-apiserver /readyz", interval=0.2, alive=_first_dead(self._procs))
+
+    def write_admin_kubeconfig(self) -> None:
+        write_kubeconfig(self.kubeconfig, self.server, self.pki / "ca.crt", self.pki / "admin.crt",
+                         self.pki / "admin.key", "lookahead-dev-admin")
+
+    def _start_controller_manager(self, binary: Path) -> None:
+        pki = self.pki
+        kcm_kubeconfig = self.state_dir / "controller-manager.kubeconfig"
+        write_kubeconfig(kcm_kubeconfig, self.server, pki / "ca.crt", pki / "controller-manager.crt",
+                         pki / "controller-manager.key", "system:kube-controller-manager")
+        self._spawn("kube-controller-manager", [
+            str(binary),
+            f"--kubeconfig={kcm_kubeconfig}",
+            f"--authentication-kubeconfig={kcm_kubeconfig}",
+            f"--authorization-kubeconfig={kcm_kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={self.state_dir / 'controller-manager-certs'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            "--controllers=*",
+            "--leader-elect=false",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            "--allocate-node-cidrs=false",
+            "--profiling=false",
+            "--v=0",
+        ])
+        # The controller-manager is working once its serviceaccount controller has made the
+        # `default` ServiceAccount (Pods cannot be admitted before that).
+        from kubernetes import client
+
+        api = self.api_client()
+        core = client.CoreV1Api(api)
+
+        def default_sa() -> bool:
+            core.read_namespaced_service_account("default", "default")
+            return True
+
+        try:
+            wait_for(default_sa, self.start_timeout, "kube-controller-manager to create the default ServiceAccount",
+                     interval=0.2, alive=_first_dead(self._procs))
+        finally:
+            api.close()
+
+    def _write_state(self) -> None:
+        state = {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "etcd_port": self.etcd_port,
+            "apiserver_port": self.apiserver_port,
+            "pids": self._pids,
+        }
+        (self.state_dir / "cluster.json").write_text(json.dumps(state, indent=2) + "\n")
+
+    @classmethod
+    def attach(cls, state_dir: str | os.PathLike[str]) -> "DevCluster":
+        """A handle on a cluster started detached into ``state_dir`` (by the CLI)."""
+        d = Path(state_dir)
+        state = json.loads((d / "cluster.json").read_text())
+        c = cls(d, detached=True)
+        c.etcd_port = state["etcd_port"]
+        c.apiserver_port = state["apiserver_port"]
+        c._pids = {k: int(v) for k, v in state["pids"].items()}
+        return c
+
+    def running(self) -> dict[str, bool]:
+        return {name: _pid_alive(pid) for name, pid in self._pids.items()}
+
+    def ready(self) -> bool:
+        try:
+            ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+            ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+            with urllib.request.urlopen(f"{self.server}/readyz", timeout=5, context=ctx) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError, ssl.SSLError):
+            return False
+
+    def stop(self) -> None:
+        # Reverse start order: controller-manager, apiserver, etcd.
+        if self._procs:
+            for proc in reversed(self._procs):
+                proc.stop()
+        else:
+            for pid in reversed(list(self._pids.values())):
+                kill_process_group(pid)
+        self._procs.clear()
+        if self._own_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> "DevCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus
+
+
+class DevPrometheus:
+    """Debian's Prometheus on a free loopback port, scraping the targets given to ``set_targets``.
+
+    Each target is a mapping ``{"address": "127.0.0.1:PORT", "labels": {...}, "path": "/metrics"}``
+    (``labels`` and ``path`` optional); they are written atomically to a file-SD JSON file that
+    Prometheus re-reads within about a second. Scrape and evaluation interval: 1 s. Job name:
+    ``lookahead`` unless a target's labels set ``job``.
+    """
+
+    JOB = "lookahead"
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, scrape_interval: str = "1s",
+                 start_timeout: float = 60.0):
+        self._own_dir = state_dir is None
+        self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-prometheus-"))
+        self.scrape_interval = scrape_interval
+        self.start_timeout = start_timeout
+        self.config_file = self.state_dir / "prometheus.yml"
+        self.targets_file = self.state_dir / "targets.json"
+        self.port = 0
+        self._proc: _Proc | None = None
+        self.pid: int | None = None
+        self._targets: list[dict] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "DevPrometheus":
+        binary = prometheus_binary()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._write_targets([])
+        i = self.scrape_interval
+        self.config_file.write_text(
+            "global:\n"
+            f"  scrape_interval: {i}\n"
+            f"  scrape_timeout: {i}\n"
+            f"  evaluation_interval: {i}\n"
+            "scrape_configs:\n"
+            f"  - job_name: {self.JOB}\n"
+            "    file_sd_configs:\n"
+            f"      - files: [{json.dumps(str(self.targets_file))}]\n"
+            "        refresh_interval: 1s\n"
+        )
+        self.port = free_port()
+        self._proc = _Proc("prometheus", [
+            str(binary),
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.state_dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--web.enable-lifecycle",
+            "--storage.tsdb.retention.time=1d",
+            "--log.level=warn",
+        ], self.state_dir / "prometheus.log")
+        self.pid = self._proc.pid
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                return r.status == 200
+
+        try:
+            wait_for(ready, self.start_timeout, "prometheus /-/ready", interval=0.1, alive=self._proc.dead)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _write_targets(self, groups: list[dict]) -> None:
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=1) + "\n")
+        os.replace(tmp, self.targets_file)
+
+    def set_targets(self, targets: Sequence[Mapping]) -> None:
+        """Replace the scrape targets. See the class docstring for the shape of a target."""
+        groups = []
+        for t in targets:
+            labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
+            if t.get("path"):
+                labels["__metrics_path__"] = str(t["path"])
+            groups.append({"targets": [str(t["address"])], "labels": labels})
+        self._targets = [dict(t) for t in targets]
+        self._write_targets(groups)
+
+    @property
+    def targets(self) -> list[dict]:
+        return list(self._targets)
+
+    def client(self):
+        """A ``prometheus_api_client.PrometheusConnect`` for this server."""
+        from prometheus_api_client import PrometheusConnect
+
+        return PrometheusConnect(url=self.url, disable_ssl=True)
+
+    def query(self, promql: str) -> list[dict]:
+        return self.client().custom_query(query=promql)
+
+    def wait_target_up(self, address: str, timeout: float = 30.0) -> list[dict]:
+        """Wait until ``up{instance=address}`` is 1; returns the query result (with its labels)."""
+        prom = self.client()
+
+        def up() -> list[dict] | None:
+            res = prom.custom_query(query=f'up{{instance="{address}"}}')
+            return res if res and all(r["value"][1] == "1" for r in res) else None
+
+        return wait_for(up, timeout, f"prometheus to scrape {address}", interval=0.25,
+                        alive=self._proc.dead if self._proc else None)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+        elif self.pid:
+            kill_process_group(self.pid)
+        if self._own_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> "DevPrometheus":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("LOOKAHEAD_DEVCLUSTER_DIR") or ".cluster").absolute()
+
+
+def _load_state(d: Path) -> dict | None:
+    try:
+        return json.loads((d / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(state: dict) -> dict[str, bool]:
+    return {name: _pid_alive(int(pid)) for name, pid in state.get("pids", {}).items()}
+
+
+def _exports(state: dict) -> str:
+    return (
+        f"export KUBECONFIG={state['kubeconfig']}\n"
+        f"export LOOKAHEAD_PROMETHEUS_URL={state['prometheus_url']}\n"
+        f"# apiserver: {state['server']}   prometheus: {state['prometheus_url']}\n"
+        f"# binaries (kubectl, helm): {state['bin_dir']}"
+    )
+
+
+def cmd_up(d: Path) -> int:
+    state = _load_state(d)
+    if state and all(_alive(state).values()) and DevCluster.attach(d / "cluster").ready():
+        print("# dev cluster already running", file=sys.stderr)
+        print(_exports(state))
+        return 0
+    if state:
+        _stop_state(state)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    t0 = time.monotonic()
+    cluster = DevCluster(d / "cluster", detached=True)
+    cluster.start()
+    prom = DevPrometheus(d / "prometheus")
+    try:
+        prom.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    state = {
+        "server": cluster.server,
+        "kubeconfig": str(cluster.kubeconfig),
+        "prometheus_url": prom.url,
+        "prometheus_targets_file": str(prom.targets_file),
+        "bin_dir": str(control_plane_bin_dir()),
+        "pids": {**cluster.pids, "prometheus": prom.pid},
+    }
+    (d / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    print(f"# dev cluster up in {time.monotonic() - t0:.1f} s (state: {d})", file=sys.stderr)
+    print(_exports(state))
+    return 0
+
+
+def _stop_state(state: dict) -> None:
+    order = ["prometheus", "kube-controller-manager", "kube-apiserver", "etcd"]
+    pids = state.get("pids", {})
+    for name in sorted(pids, key=lambda n: order.index(n) if n in order else -1):
+        kill_process_group(int(pids[name]))
+
+
+def cmd_down(d: Path) -> int:
+    state = _load_state(d)
+    if not state:
+        print(f"# no dev cluster state in {d}", file=sys.stderr)
+        return 0
+    _stop_state(state)
+    shutil.rmtree(d, ignore_errors=True)
+    print(f"# dev cluster stopped and {d} removed", file=sys.stderr)
+    return 0
+
+
+def cmd_status(d: Path) -> int:
+    state = _load_state(d)
+    if not state:
+        print(f"not running (no state in {d})")
+        return 1
+    alive = _alive(state)
+    ready = DevCluster.attach(d / "cluster").ready()
+    for name, ok in alive.items():
+        print(f"{name:26s} pid {state['pids'][name]:>7}  {'running' if ok else 'DEAD'}")
+    print(f"{'apiserver /readyz':26s} {'ok' if ready else 'NOT READY'}")
+    print(_exports(state))
+    return 0 if ready and all(alive.values()) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lookahead_operator.devcluster", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--state-dir", type=Path, default=None,
+                    help="default: $LOOKAHEAD_DEVCLUSTER_DIR or ./.cluster")
+    args = ap.parse_args(argv)
+    d = (args.state_dir or default_state_dir()).absolute()
+    try:
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.command](d)
+    except (DevClusterError, TimeoutError) as exc:
+        print(f"devcluster: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
