@@ -1,0 +1,288 @@
+"""Pure builders: the objects the operator creates or patches, as plain dicts.
+
+Nothing here talks to the API server. The handlers call these and send what they return.
+The engine-specific part (which flags turn lookahead on or off) is a callable passed in from
+``lookahead_operator.engines``, so one builder serves vLLM, SGLang and the reference engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from typing import Callable, Iterable
+
+GROUP = "lookahead.dev"
+LABEL_POLICY = f"{GROUP}/policy"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_TARGET = f"{GROUP}/target"
+LABEL_STEP = f"{GROUP}/step"
+LABEL_GENERATION = f"{GROUP}/generation"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "lookahead-operator"
+# On a user's Deployment: which policy owns it, and the pod template as it was before we touched it.
+ANNOTATION_OWNER = f"{GROUP}/owned-by"
+ANNOTATION_ORIGINAL_TEMPLATE = f"{GROUP}/original-template"
+ANNOTATION_PROMOTED = f"{GROUP}/promoted"
+ROLES = ("canary", "control")
+
+ContainerTransform = Callable[[dict], dict]
+
+
+def dns_name(*parts: str, limit: int = 63) -> str:
+    """A DNS-1123 name from parts; too-long names are cut and suffixed with a stable hash."""
+    name = "-".join(p.strip("-").lower() for p in parts if p)
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"
+
+
+def policy_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def role_deployment_name(policy_name: str, role: str) -> str:
+    return dns_name("lap", policy_name, role)
+
+
+def engine_container_index(template: dict, is_engine: Callable[[dict], bool]) -> int:
+    """Index of the serving container in a pod template: the first one the engine adapter
+    recognises, else the first container."""
+    containers = template.get("spec", {}).get("containers") or []
+    if not containers:
+        raise ValueError("the target's pod template has no containers")
+    for i, container in enumerate(containers):
+        if is_engine(container):
+            return i
+    return 0
+
+
+def _with_container(template: dict, index: int, transform: ContainerTransform) -> dict:
+    out = copy.deepcopy(template)
+    containers = out["spec"]["containers"]
+    containers[index] = transform(copy.deepcopy(containers[index]))
+    return out
+
+
+def role_labels(policy_name: str, role: str, target_name: str, generation: int) -> dict[str, str]:
+    return {
+        LABEL_POLICY: policy_name,
+        LABEL_ROLE: role,
+        LABEL_TARGET: target_name,
+        LABEL_GENERATION: str(generation),
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def owner_reference(policy: dict) -> dict:
+    meta = policy["metadata"]
+    return {
+        "apiVersion": policy.get("apiVersion", f"{GROUP}/v1alpha1"),
+        "kind": policy.get("kind", "LookaheadPolicy"),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
+                          transform: ContainerTransform, is_engine: Callable[[dict], bool],
+                          metrics_port: int | None = None, metrics_path: str = "/metrics") -> dict:
+    """The canary (lookahead on) or control (off) Deployment, cloned from the target's pod template.
+
+    Everything of the template is kept (image, resources, node selectors, tolerations, volumes,
+    env); only the engine container's lookahead flags differ, as the engine adapter renders them.
+    The clone lives in the target's namespace. An owner reference to the policy is set when the
+    policy is in the same namespace (owner references cannot cross namespaces); the policy's
+    finalizer deletes clones in other namespaces by label.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+    policy_name = policy["metadata"]["name"]
+    generation = int(policy["metadata"].get("generation", 1))
+    target_meta = target["metadata"]
+    labels = role_labels(policy_name, role, target_meta["name"], generation)
+    template = copy.deepcopy(target["spec"]["template"])
+    index = engine_container_index(template, is_engine)
+    template = _with_container(template, index, transform)
+    tmeta = template.setdefault("metadata", {})
+    # The clone must not match the fleet's Service or the fleet Deployment's selector.
+    tmeta["labels"] = {**{k: v for k, v in (tmeta.get("labels") or {}).items()
+                          if k not in _selector_keys(target)}, **labels}
+    annotations = dict(tmeta.get("annotations") or {})
+    port = metrics_port or container_port(template["spec"]["containers"][index])
+    annotations.update({"prometheus.io/scrape": "true", "prometheus.io/path": metrics_path,
+                        "prometheus.io/port": str(port)})
+    tmeta["annotations"] = annotations
+    meta = {
+        "name": role_deployment_name(policy_name, role),
+        "namespace": target_meta["namespace"],
+        "labels": labels,
+        "annotations": {f"{GROUP}/source": f"{target_meta['namespace']}/{target_meta['name']}"},
+    }
+    if policy["metadata"].get("namespace") == target_meta["namespace"]:
+        meta["ownerReferences"] = [owner_reference(policy)]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {LABEL_POLICY: policy_name, LABEL_ROLE: role}},
+            "template": template,
+        },
+    }
+
+
+def _selector_keys(target: dict) -> set[str]:
+    return set((target["spec"].get("selector") or {}).get("matchLabels") or {})
+
+
+def container_port(container: dict, default: int = 8000) -> int:
+    """The serving port: the port named ``http``, else the first declared port, else 8000."""
+    ports = container.get("ports") or []
+    for p in ports:
+        if p.get("name") == "http":
+            return int(p["containerPort"])
+    return int(ports[0]["containerPort"]) if ports else default
+
+
+def build_load_job(policy: dict, namespace: str, role: str, step: int, batch_size: int, url: str,
+                   duration_s: float, image: str, prompts: str, model: str | None = None) -> dict:
+    """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role."""
+    policy_name = policy["metadata"]["name"]
+    generation = int(policy["metadata"].get("generation", 1))
+    labels = {LABEL_POLICY: policy_name, LABEL_ROLE: "loadgen", LABEL_STEP: str(step),
+              LABEL_GENERATION: str(generation), LABEL_MANAGED_BY: MANAGED_BY,
+              f"{GROUP}/drives": role}
+    args = ["--url", url, "--concurrency", str(batch_size), "--step-duration", f"{int(duration_s)}s",
+            "--prompts", prompts, "--json"]
+    if model:
+        args += ["--model", model]
+    meta = {"name": dns_name("lap", policy_name, f"g{generation}", f"s{step}", role),
+            "namespace": namespace, "labels": labels}
+    if policy["metadata"].get("namespace") == namespace:
+        meta["ownerReferences"] = [owner_reference(policy)]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": 1,
+            "ttlSecondsAfterFinished": 3600,
+            "activeDeadlineSeconds": int(duration_s * 3 + 120),
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "loadgen",
+                        "image": image,
+                        "command": ["python3", "-m", "lookahead_canary.loadgen"],
+                        "args": args,
+                        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                                      "limits": {"memory": "512Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", path: str = "/metrics") -> dict:
+    """A Prometheus Operator PodMonitor scraping the policy's canary and control pods.
+
+    The relabelling copies the pod labels the queries rely on into ``lookahead_dev_role``,
+    ``lookahead_dev_policy`` and ``lookahead_dev_target`` (what the annotation-based scrape config
+    documented in docs/analyze.md produces too), so one set of PromQL serves both.
+    """
+    policy_name = policy["metadata"]["name"]
+    relabel = [
+        {"sourceLabels": [f"__meta_kubernetes_pod_label_lookahead_dev_{k}"], "targetLabel": f"lookahead_dev_{k}"}
+        for k in ("role", "policy", "target")
+    ] + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
+    meta = {"name": dns_name("lap", policy_name), "namespace": namespace,
+            "labels": {LABEL_POLICY: policy_name, LABEL_MANAGED_BY: MANAGED_BY}}
+    if policy["metadata"].get("namespace") == namespace:
+        meta["ownerReferences"] = [owner_reference(policy)]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": {LABEL_POLICY: policy_name},
+                         "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(ROLES)}]},
+            "podMetricsEndpoints": [{"port": port_name, "path": path, "interval": "5s",
+                                     "relabelings": relabel}],
+        },
+    }
+
+
+# --- the user's Deployments: save, promote, restore ------------------------------------------
+
+def original_template(deployment: dict) -> dict | None:
+    raw = (deployment["metadata"].get("annotations") or {}).get(ANNOTATION_ORIGINAL_TEMPLATE)
+    return json.loads(raw) if raw else None
+
+
+def claim_patch(deployment: dict, owner: str) -> dict:
+    """Mark a fleet Deployment as owned by a policy and save its pod template, exactly, before
+    anything else touches it. A template saved earlier is never overwritten: after a crash the
+    first save is the truth."""
+    annotations = {ANNOTATION_OWNER: owner}
+    if original_template(deployment) is None:
+        annotations[ANNOTATION_ORIGINAL_TEMPLATE] = json.dumps(deployment["spec"]["template"], sort_keys=True,
+                                                               separators=(",", ":"))
+    return {"metadata": {"annotations": annotations}}
+
+
+def promote_patch(deployment: dict, transform: ContainerTransform, is_engine: Callable[[dict], bool],
+                  decision_id: str) -> dict:
+    """The patch that turns lookahead on in one fleet Deployment (a JSON merge patch of the whole
+    template, so a re-run is idempotent)."""
+    saved = original_template(deployment)
+    if saved is None:
+        raise ValueError(f"refusing to promote {deployment['metadata']['name']}: its original template "
+                         "was not saved first")
+    template = _with_container(saved, engine_container_index(saved, is_engine), transform)
+    return {"metadata": {"annotations": {ANNOTATION_PROMOTED: decision_id}},
+            "spec": {"template": template}}
+
+
+def restore_body(deployment: dict) -> dict:
+    """The Deployment with its saved pod template put back exactly and our annotations removed
+    (for a full replace, so fields we added to the template do not survive a merge)."""
+    saved = original_template(deployment)
+    if saved is None:
+        raise ValueError(f"{deployment['metadata']['name']} has no saved template to restore")
+    out = copy.deepcopy(deployment)
+    out["spec"]["template"] = saved
+    annotations = dict(out["metadata"].get("annotations") or {})
+    for key in (ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_OWNER, ANNOTATION_PROMOTED):
+        annotations.pop(key, None)
+    out["metadata"]["annotations"] = annotations
+    return out
+
+
+def release_patch() -> dict:
+    """Give a never-promoted Deployment back: drop our ownership marks (merge patch null deletes)."""
+    return {"metadata": {"annotations": {ANNOTATION_OWNER: None, ANNOTATION_ORIGINAL_TEMPLATE: None,
+                                         ANNOTATION_PROMOTED: None}}}
+
+
+def wave_members(targets: Iterable[tuple[str, str]], waves_percent: list[float], wave: int) -> list[tuple[str, str]]:
+    """Which targets are promoted once wave ``wave`` (0-based) is done: the first
+    ceil(pct * n / 100) of the targets in a stable order, at least one per wave."""
+    ordered = sorted(targets)
+    if not ordered:
+        return []
+    pct = waves_percent[min(wave, len(waves_percent) - 1)]
+    count = max(1, math.ceil(pct * len(ordered) / 100 - 1e-9))
+    return ordered[: min(len(ordered), count)]
