@@ -33,6 +33,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -413,6 +414,8 @@ class DevCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
+            # 127.0.0.1 may not be an Endpoints address, so do not reconcile the `kubernetes` Service.
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--v=0",
         ])
@@ -550,7 +553,8 @@ class DevPrometheus:
         self.port = 0
         self._proc: _Proc | None = None
         self.pid: int | None = None
-        self._targets: list[dict] = []
+        self._targets: dict[str, list[dict]] = {}
+        self._targets_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -600,20 +604,26 @@ class DevPrometheus:
         tmp.write_text(json.dumps(groups, indent=1) + "\n")
         os.replace(tmp, self.targets_file)
 
-    def set_targets(self, targets: Sequence[Mapping]) -> None:
-        """Replace the scrape targets. See the class docstring for the shape of a target."""
-        groups = []
-        for t in targets:
-            labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
-            if t.get("path"):
-                labels["__metrics_path__"] = str(t["path"])
-            groups.append({"targets": [str(t["address"])], "labels": labels})
-        self._targets = [dict(t) for t in targets]
-        self._write_targets(groups)
+    def set_targets(self, targets: Sequence[Mapping], source: str = "default") -> None:
+        """Replace the scrape targets of ``source`` (see the class docstring for a target's shape).
+
+        Several writers (a test, the Pod harness) can share one Prometheus: each owns the targets
+        under its own ``source`` name, and the file holds the union.
+        """
+        with self._targets_lock:
+            self._targets[source] = [dict(t) for t in targets]
+            groups = []
+            for t in (t for ts in self._targets.values() for t in ts):
+                labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
+                if t.get("path"):
+                    labels["__metrics_path__"] = str(t["path"])
+                groups.append({"targets": [str(t["address"])], "labels": labels})
+            self._write_targets(groups)
 
     @property
     def targets(self) -> list[dict]:
-        return list(self._targets)
+        """Every current target, all sources together."""
+        return [dict(t) for ts in self._targets.values() for t in ts]
 
     def client(self):
         """A ``prometheus_api_client.PrometheusConnect`` for this server."""

@@ -299,6 +299,11 @@ def _measuring(b: _Builder) -> None:
     if w.step is not None:
         rows.append(dict(w.step.row))
     b.status["batches"] = sorted(rows, key=lambda r: r["batchSize"])
+    if not (w.step is not None and w.step.conclusive) and _deadline_passed(b):
+        b.act(DELETE_LOAD)
+        b.go(DECIDING, "Deadline", "analysis deadline reached before every batch size had an answer")
+        b.requeue = 0.2
+        return
     step_done = w.step is not None and w.step.conclusive
     timed_out = b.elapsed("stepStartedAt") >= _seconds(w.spec.load.step_duration)
     if step_done or timed_out:
@@ -310,11 +315,6 @@ def _measuring(b: _Builder) -> None:
             b.go(DECIDING, "Measured", "all batch sizes measured")
         else:
             b.status["message"] = f"measuring batch size {sizes[step + 1]}"
-        b.requeue = 0.2
-        return
-    if _deadline_passed(b):
-        b.act(DELETE_LOAD)
-        b.go(DECIDING, "Deadline", "analysis deadline reached before every batch size had an answer")
         b.requeue = 0.2
         return
     b.requeue = 2.0
