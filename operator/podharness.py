@@ -1,0 +1,598 @@
+"""A kubelet stand-in for tests: runs Pods of a real apiserver as local processes.
+
+Nothing in this project runs containers, so ``PodHarness`` plays kubelet and scheduler for one
+Node object against a real ``kube-apiserver`` (see ``lookahead_operator.devcluster``):
+
+* It registers a Node (default name ``lookahead-harness``) that is ``Ready``, with address
+  127.0.0.1, and keeps it alive (renews its Lease in ``kube-node-lease``).
+* It watches Pods (all namespaces, or ``namespaces=[...]``, optionally ``label_selector``). A Pod
+  that is unscheduled (no ``spec.nodeName``) and whose containers all have a ``command`` is bound
+  to the Node (a ``Binding``, as the scheduler does). Pods without a ``command`` (an image-only
+  container) are left alone: there is no image to run.
+* For each Pod bound to the Node it starts every container as a local process, in its own
+  process group: argv is ``command + args``, the working directory is ``workingDir`` if it
+  exists, else the harness ``workdir`` (the repository root by default). Environment: the
+  harness's own environment, then the container's ``env`` entries that have a literal
+  ``value`` (``valueFrom`` is not supported and is skipped), then ``PORT``, ``POD_NAME``,
+  ``POD_NAMESPACE``, ``POD_IP`` (127.0.0.1) and ``NODE_NAME``.
+
+  **Port convention.** Each Pod gets its own free TCP port on 127.0.0.1, the same for all of its
+  containers. It is passed as the environment variable ``PORT``, and ``$(PORT)`` in ``command``
+  and ``args`` is replaced by it, e.g. ``python3 -m lookahead_canary.server --port $(PORT)``.
+  Like Kubernetes, ``$(NAME)`` is expanded for every variable of the container's environment
+  listed above (not the inherited host environment); ``$$(NAME)`` gives a literal ``$(NAME)``;
+  unknown names are left as they are. Container ``ports`` and probe ports are ignored: whatever
+  they say, the process must listen on ``PORT``.
+* Status: once started, the Pod is ``Running`` with ``podIP``/``hostIP`` 127.0.0.1. It becomes
+  ``Ready`` when every container's ``readinessProbe.httpGet.path`` answers HTTP 200 on
+  ``127.0.0.1:PORT`` (probed every 0.2 s), or at once for containers without an HTTP readiness
+  probe. If a process exits, the Pod becomes ``Failed`` (``Succeeded`` if every process exited 0
+  and ``restartPolicy`` is not ``Always``); processes are not restarted, so a ReplicaSet replaces
+  the Pod.
+* Deletion: when a Pod gets a ``deletionTimestamp`` (or disappears), its process groups are
+  killed (SIGTERM, then SIGKILL after the grace period, at most 10 s) and the Pod object is
+  removed (delete with grace period 0, as a kubelet does).
+* Prometheus: when given a ``DevPrometheus``, every Pod whose (template) annotations say
+  ``prometheus.io/scrape: "true"`` is a scrape target while its processes run: address
+  ``127.0.0.1:PORT``, path ``prometheus.io/path`` (default ``/metrics``; ``prometheus.io/port``
+  is ignored). Target labels: each Pod label, with its key sanitised to a Prometheus label name
+  by ``prometheus_label_name`` (every character outside ``[a-zA-Z0-9_]`` becomes ``_``, a leading
+  digit gets a ``_`` prefix, a leading ``__`` becomes ``label__``; so ``lookahead.dev/role`` is
+  ``lookahead_dev_role`` and ``app.kubernetes.io/name`` is ``app_kubernetes_io_name``), then
+  ``namespace`` and ``pod`` (the Pod's namespace and name), which win over a Pod label of the
+  same sanitised name. The job label is ``lookahead``.
+
+Process output goes to ``<log_dir>/<namespace>_<pod>_<container>.log`` (``logs()`` reads it).
+``start()`` runs the work in background threads; ``stop()`` kills every process it started.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from .devcluster import DevPrometheus, K8S_VERSION, free_port, kill_process_group
+
+log = logging.getLogger(__name__)
+
+POD_IP = "127.0.0.1"
+SCRAPE_ANNOTATION = "prometheus.io/scrape"
+PATH_ANNOTATION = "prometheus.io/path"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def prometheus_label_name(key: str) -> str:
+    """Sanitise a Kubernetes label key into a Prometheus label name (see the module docstring)."""
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    if not name or name[0].isdigit():
+        name = "_" + name
+    if name.startswith("__"):
+        name = "label" + name
+    return name
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: known names are replaced, ``$$`` is a literal ``$``."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env[name] if name in env else m.group(0)
+
+    return _VAR.sub(sub, text)
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+
+
+def _iso(t: _dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Container:
+    name: str
+    image: str
+    argv: list[str]
+    probe_path: str | None
+    log_path: Path
+    popen: subprocess.Popen | None = None
+    ready: bool = False
+    exit_code: int | None = None
+    started_at: _dt.datetime | None = None
+    finished_at: _dt.datetime | None = None
+
+
+@dataclass
+class RunningPod:
+    """What the harness knows about one Pod it runs."""
+
+    uid: str
+    namespace: str
+    name: str
+    port: int
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    restart_policy: str
+    containers: list[_Container] = field(default_factory=list)
+    started_at: _dt.datetime = field(default_factory=_now)
+    phase: str = "Pending"
+    reported: tuple | None = None  # the last status we wrote, to avoid rewriting it
+    deleting: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{POD_IP}:{self.port}"
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "Running" and all(c.ready for c in self.containers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.popen.pid for c in self.containers if c.popen is not None]
+
+    def scrape_target(self) -> dict | None:
+        if self.annotations.get(SCRAPE_ANNOTATION, "").lower() != "true":
+            return None
+        labels = {prometheus_label_name(k): v for k, v in self.labels.items()}
+        labels.update(namespace=self.namespace, pod=self.name)
+        return {"address": self.address, "path": self.annotations.get(PATH_ANNOTATION) or "/metrics",
+                "labels": labels}
+
+
+class PodHarness:
+    """Kubelet + scheduler stand-in for one Node. See the module docstring."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient | None = None,
+        *,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        prometheus: DevPrometheus | None = None,
+        node_name: str = "lookahead-harness",
+        namespaces: Sequence[str] | None = None,
+        label_selector: str | None = None,
+        workdir: str | os.PathLike[str] | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        lease_seconds: int = 40,
+    ):
+        if api_client is None:
+            if kubeconfig is None:
+                raise ValueError("PodHarness needs api_client or kubeconfig")
+            from kubernetes import config
+
+            api_client = config.new_client_from_config(config_file=str(kubeconfig))
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.prometheus = prometheus
+        self.node_name = node_name
+        self.namespaces = list(namespaces) if namespaces else None
+        self.label_selector = label_selector
+        self.workdir = Path(workdir) if workdir else Path.cwd()
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="lookahead-podharness-"))
+        self.lease_seconds = lease_seconds
+        self._pods: dict[str, RunningPod] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watch: watch.Watch | None = None
+        self.errors: list[str] = []  # problems worth a look (shown by tests on failure)
+
+    # public ---------------------------------------------------------------------------------
+    def start(self) -> "PodHarness":
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._register_node()
+        self._stop.clear()
+        for target, name in ((self._watch_loop, "watch"), (self._tick_loop, "tick")):
+            t = threading.Thread(target=target, name=f"podharness-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self, delete_node: bool = True) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        for t in self._threads:
+            t.join(timeout=15)
+        self._threads.clear()
+        with self._lock:
+            pods = list(self._pods.values())
+            self._pods.clear()
+        for rp in pods:
+            self._kill(rp)
+        self._publish_targets()
+        if delete_node:
+            try:
+                self.core.delete_node(self.node_name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("deleting node %s: %s", self.node_name, exc)
+            except Exception as exc:  # noqa: BLE001 - the apiserver may already be gone
+                log.warning("deleting node %s: %s", self.node_name, exc)
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> "PodHarness":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def pods(self) -> list[RunningPod]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def find(self, namespace: str, name: str) -> RunningPod | None:
+        with self._lock:
+            for rp in self._pods.values():
+                if rp.namespace == namespace and rp.name == name:
+                    return rp
+        return None
+
+    def logs(self, namespace: str, name: str, container: str | None = None) -> str:
+        out = []
+        for p in sorted(self.log_dir.glob(f"{namespace}_{name}_{container or '*'}.log")):
+            out.append(p.read_text(errors="replace"))
+        return "\n".join(out)
+
+    # node -----------------------------------------------------------------------------------
+    def _node_status(self) -> dict:
+        now = _iso(_now())
+        cond = {"lastHeartbeatTime": now, "lastTransitionTime": now}
+        return {
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "lookahead pod harness is running", **cond},
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", **cond},
+                {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure", **cond},
+                {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID", **cond},
+            ],
+            "addresses": [{"type": "InternalIP", "address": POD_IP}, {"type": "Hostname", "address": self.node_name}],
+            "capacity": {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": str(os.cpu_count() or 1), "memory": "16Gi", "pods": "110"},
+            "nodeInfo": {
+                "kubeletVersion": K8S_VERSION, "kubeProxyVersion": "", "operatingSystem": "linux",
+                "architecture": "amd64", "containerRuntimeVersion": "lookahead-podharness://1",
+                "osImage": "local processes", "kernelVersion": os.uname().release,
+                "machineID": "", "systemUUID": "", "bootID": "",
+            },
+        }
+
+    def _register_node(self) -> None:
+        body = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.node_name, "labels": {
+                "kubernetes.io/hostname": self.node_name, "kubernetes.io/os": "linux",
+                "lookahead.dev/pod-harness": "true"}},
+        }
+        try:
+            self.core.create_node(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self.core.patch_node_status(self.node_name, {"status": self._node_status()}, _content_type=STRATEGIC_PATCH)
+        self._renew_lease()
+
+    def _renew_lease(self) -> None:
+        coord = client.CoordinationV1Api(self.api)
+        now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.node_name, "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": self.lease_seconds,
+                         "renewTime": now}}
+        try:
+            coord.patch_namespaced_lease(self.node_name, "kube-node-lease", {"spec": body["spec"]},
+                                         _content_type=MERGE_PATCH)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            coord.create_namespaced_lease("kube-node-lease", body)
+
+    # loops ----------------------------------------------------------------------------------
+    def _list_pods(self) -> tuple[list[Any], str]:
+        kw = {"label_selector": self.label_selector} if self.label_selector else {}
+        if self.namespaces:
+            items, rv = [], ""
+            for ns in self.namespaces:
+                lst = self.core.list_namespaced_pod(ns, **kw)
+                items.extend(lst.items)
+                rv = lst.metadata.resource_version
+            return items, rv
+        lst = self.core.list_pod_for_all_namespaces(**kw)
+        return list(lst.items), lst.metadata.resource_version
+
+    def _watch_loop(self) -> None:
+        """List, handle every Pod, then watch from that resourceVersion; relist on any error."""
+        while not self._stop.is_set():
+            try:
+                items, rv = self._list_pods()
+                seen = set()
+                for pod in items:
+                    seen.add(pod.metadata.uid)
+                    self._handle(pod)
+                with self._lock:
+                    gone = [rp for uid, rp in self._pods.items() if uid not in seen]
+                for rp in gone:
+                    self._forget(rp)
+                if self.namespaces and len(self.namespaces) > 1:
+                    # Several namespaces: poll by relisting (each watch covers one namespace).
+                    self._stop.wait(0.5)
+                    continue
+                self._watch = w = watch.Watch()
+                kw: dict[str, Any] = {"resource_version": rv, "timeout_seconds": 5,
+                                      "allow_watch_bookmarks": True}
+                if self.label_selector:
+                    kw["label_selector"] = self.label_selector
+                if self.namespaces:
+                    stream = w.stream(self.core.list_namespaced_pod, self.namespaces[0], **kw)
+                else:
+                    stream = w.stream(self.core.list_pod_for_all_namespaces, **kw)
+                for event in stream:
+                    if self._stop.is_set():
+                        break
+                    kind, pod = event["type"], event["object"]
+                    if kind == "DELETED":
+                        with self._lock:
+                            rp = self._pods.get(pod.metadata.uid)
+                        if rp is not None:
+                            self._forget(rp)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self._handle(pod)
+            except Exception as exc:  # noqa: BLE001 - keep the harness alive; relist
+                if self._stop.is_set():
+                    break
+                self._note(f"watch: {exc!r}")
+                self._stop.wait(0.5)
+
+    def _tick_loop(self) -> None:
+        """Readiness probes, process exits, status writes, Node heartbeat."""
+        last_beat = time.monotonic()
+        while not self._stop.wait(0.2):
+            try:
+                if time.monotonic() - last_beat >= 5:
+                    self._renew_lease()
+                    self.core.patch_node_status(self.node_name, {"status": self._node_status()},
+                                                _content_type=STRATEGIC_PATCH)
+                    last_beat = time.monotonic()
+                for rp in self.pods():
+                    self._check(rp)
+            except Exception as exc:  # noqa: BLE001
+                if self._stop.is_set():
+                    break
+                self._note(f"tick: {exc!r}")
+
+    def _note(self, msg: str) -> None:
+        log.warning("podharness: %s", msg)
+        self.errors.append(msg)
+        del self.errors[:-50]
+
+    # pods -----------------------------------------------------------------------------------
+    def _handle(self, pod: Any) -> None:
+        meta, spec = pod.metadata, pod.spec
+        with self._lock:
+            rp = self._pods.get(meta.uid)
+        if meta.deletion_timestamp is not None:
+            if rp is not None:
+                self._delete(rp)
+            elif spec.node_name == self.node_name:
+                self._finalise_delete(meta.namespace, meta.name, meta.uid)
+            return
+        if rp is not None:
+            return
+        if spec.node_name is None:
+            if all(c.command for c in spec.containers):
+                self._bind(pod)
+            return
+        if spec.node_name != self.node_name:
+            return
+        if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+            return
+        self._run(pod)
+
+    def _bind(self, pod: Any) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": pod.metadata.name, "namespace": pod.metadata.namespace,
+                             "uid": pod.metadata.uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}}
+        try:
+            self.core.create_namespaced_pod_binding(pod.metadata.name, pod.metadata.namespace, body,
+                                                    _preload_content=False)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone, or bound meanwhile
+                self._note(f"bind {pod.metadata.namespace}/{pod.metadata.name}: {exc.status} {exc.reason}")
+        # The MODIFIED event with spec.nodeName set starts it.
+
+    def _run(self, pod: Any) -> None:
+        meta, spec = pod.metadata, pod.spec
+        port = free_port()
+        rp = RunningPod(uid=meta.uid, namespace=meta.namespace, name=meta.name, port=port,
+                        labels=dict(meta.labels or {}), annotations=dict(meta.annotations or {}),
+                        restart_policy=spec.restart_policy or "Always")
+        with self._lock:
+            if meta.uid in self._pods:
+                return
+            self._pods[meta.uid] = rp
+        for c in spec.containers:
+            env = {}
+            for e in c.env or []:
+                if e.value is not None:
+                    env[e.name] = expand(e.value, env)
+                elif e.value_from is None:
+                    env[e.name] = ""
+                else:
+                    self._note(f"{meta.namespace}/{meta.name}/{c.name}: env {e.name} valueFrom is not supported")
+            env.update(PORT=str(port), POD_NAME=meta.name, POD_NAMESPACE=meta.namespace, POD_IP=POD_IP,
+                       NODE_NAME=self.node_name)
+            argv = [expand(a, env) for a in [*(c.command or []), *(c.args or [])]]
+            probe = c.readiness_probe.http_get if c.readiness_probe and c.readiness_probe.http_get else None
+            cont = _Container(name=c.name, image=c.image or "", argv=argv,
+                              probe_path=(probe.path or "/") if probe else None,
+                              log_path=self.log_dir / f"{meta.namespace}_{meta.name}_{c.name}.log")
+            rp.containers.append(cont)
+            cwd = Path(c.working_dir) if c.working_dir and Path(c.working_dir).is_dir() else self.workdir
+            try:
+                with open(cont.log_path, "ab") as out:
+                    cont.popen = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                cont.started_at = _now()
+                cont.ready = probe is None
+            except OSError as exc:
+                cont.exit_code = 127
+                cont.finished_at = _now()
+                with open(cont.log_path, "a") as out:
+                    out.write(f"podharness: cannot start {argv!r}: {exc}\n")
+        rp.phase = "Running"
+        self._check(rp)
+        self._publish_targets()
+
+    def _probe(self, rp: RunningPod, cont: _Container) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{rp.address}{cont.probe_path}", timeout=1) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+    def _check(self, rp: RunningPod) -> None:
+        if rp.deleting:
+            return
+        changed = False
+        for cont in rp.containers:
+            if cont.popen is not None and cont.exit_code is None:
+                code = cont.popen.poll()
+                if code is not None:
+                    cont.exit_code, cont.finished_at, cont.ready = code, _now(), False
+                    changed = True
+            if cont.exit_code is None and not cont.ready and cont.probe_path is not None:
+                cont.ready = self._probe(rp, cont)
+        if any(c.exit_code is not None for c in rp.containers) and rp.phase == "Running":
+            ok = all(c.exit_code == 0 for c in rp.containers)
+            rp.phase = "Succeeded" if ok and rp.restart_policy != "Always" else "Failed"
+            self._kill(rp)  # a Pod is one unit: stop its other containers too
+            changed = True
+        self._report(rp)
+        if changed:
+            self._publish_targets()
+
+    def _report(self, rp: RunningPod) -> None:
+        key = (rp.phase, tuple((c.ready, c.exit_code) for c in rp.containers))
+        if key == rp.reported:
+            return
+        now = _iso(_now())
+        ready = "True" if rp.ready else "False"
+        statuses = []
+        for c in rp.containers:
+            if c.exit_code is None and c.started_at is not None:
+                state = {"running": {"startedAt": _iso(c.started_at)}}
+            else:
+                state = {"terminated": {"exitCode": c.exit_code if c.exit_code is not None else 127,
+                                        "reason": "Completed" if c.exit_code == 0 else "Error",
+                                        "startedAt": _iso(c.started_at or rp.started_at),
+                                        "finishedAt": _iso(c.finished_at or _now())}}
+            statuses.append({"name": c.name, "image": c.image, "imageID": "", "ready": c.ready,
+                             "started": c.exit_code is None, "restartCount": 0, "state": state,
+                             "containerID": f"podharness://{c.popen.pid if c.popen else 0}"})
+        status = {
+            "phase": rp.phase,
+            "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}],
+            "podIP": POD_IP, "podIPs": [{"ip": POD_IP}],
+            "startTime": _iso(rp.started_at),
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(rp.started_at)},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": _iso(rp.started_at)},
+                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+                {"type": "Ready", "status": ready, "lastTransitionTime": now},
+            ],
+            "containerStatuses": statuses,
+        }
+        try:
+            self.core.patch_namespaced_pod_status(rp.name, rp.namespace, {"status": status},
+                                                  _content_type=MERGE_PATCH)
+            rp.reported = key
+        except ApiException as exc:
+            if exc.status == 404:
+                self._forget(rp)
+            else:
+                self._note(f"status {rp.namespace}/{rp.name}: {exc.status} {exc.reason}")
+
+    def _kill(self, rp: RunningPod, timeout: float = 10.0) -> None:
+        for cont in rp.containers:
+            if cont.popen is not None and cont.popen.poll() is None:
+                kill_process_group(cont.popen.pid, timeout)
+            if cont.popen is not None:
+                try:
+                    cont.popen.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    pass
+                if cont.exit_code is None:
+                    cont.exit_code, cont.finished_at = cont.popen.returncode, _now()
+
+    def _delete(self, rp: RunningPod) -> None:
+        with self._lock:
+            if rp.deleting:
+                return
+            rp.deleting = True
+        self._kill(rp)
+        with self._lock:
+            self._pods.pop(rp.uid, None)
+        self._publish_targets()
+        self._finalise_delete(rp.namespace, rp.name, rp.uid)
+
+    def _finalise_delete(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
+                                            body={"apiVersion": "v1", "kind": "DeleteOptions",
+                                                  "gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                self._note(f"delete {namespace}/{name}: {exc.status} {exc.reason}")
+
+    def _forget(self, rp: RunningPod) -> None:
+        """The Pod object is gone: stop its processes."""
+        with self._lock:
+            rp.deleting = True
+            self._pods.pop(rp.uid, None)
+        self._kill(rp)
+        self._publish_targets()
+
+    def _publish_targets(self) -> None:
+        if self.prometheus is None:
+            return
+        with self._lock:
+            targets = [t for rp in self._pods.values()
+                       if rp.phase == "Running" and not rp.deleting and (t := rp.scrape_target())]
+        self.prometheus.set_targets(targets, source=f"podharness:{self.node_name}")
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """The PIDs among ``pids`` that still run, zombies excluded (a helper for tests; reaps nothing)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out

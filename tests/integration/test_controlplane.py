@@ -1,0 +1,167 @@
+"""The real local control plane and Prometheus that the other integration tests stand on."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from lookahead_operator.devcluster import K8S_VERSION, control_plane_binary, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _namespace(api: client.ApiClient, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
+
+
+def _as_token(devcluster, token: str) -> client.ApiClient:
+    """An ApiClient that authenticates with a bearer token only (no client certificate)."""
+    cfg = client.Configuration()
+    cfg.host = devcluster.server
+    cfg.ssl_ca_cert = str(devcluster.ca_file)
+    cfg.api_key = {"authorization": token}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    return client.ApiClient(cfg)
+
+
+def test_build_script_and_module_agree_on_the_version():
+    script = (REPO / "hack" / "build-control-plane.sh").read_text()
+    assert re.search(rf"^K8S_VERSION={re.escape(K8S_VERSION)}$", script, re.M)
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "helm"):
+        assert control_plane_binary(name).is_file()
+
+
+def test_apiserver_is_ready_and_reports_its_version(devcluster, kube_api):
+    assert devcluster.ready()  # GET /readyz with the admin client certificate
+    assert client.VersionApi(kube_api).get_code().git_version == K8S_VERSION
+    assert Path(devcluster.kubeconfig).is_file()
+    assert devcluster.server.startswith("https://127.0.0.1:")
+
+
+def test_deployment_gets_a_replicaset_and_a_pod_and_is_garbage_collected(kube_api):
+    ns = _namespace(kube_api, "cp-deploy")
+    apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
+    labels = {"app": "web"}
+    apps.create_namespaced_deployment(ns, client.V1Deployment(
+        metadata=client.V1ObjectMeta(name="web"),
+        spec=client.V1DeploymentSpec(
+            replicas=2,
+            selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels),
+                spec=client.V1PodSpec(containers=[client.V1Container(name="web", image="example.invalid/web:1")]),
+            ),
+        ),
+    ))
+    deploy = apps.read_namespaced_deployment("web", ns)
+
+    def replicaset():
+        items = apps.list_namespaced_replica_set(ns).items
+        return [rs for rs in items if any(o.uid == deploy.metadata.uid for o in rs.metadata.owner_references or [])]
+
+    rs = wait_for(replicaset, 60, "the deployment controller to create a ReplicaSet")[0]
+
+    def pods():
+        items = core.list_namespaced_pod(ns).items
+        owned = [p for p in items if any(o.uid == rs.metadata.uid for o in p.metadata.owner_references or [])]
+        return owned if len(owned) == 2 else None
+
+    created = wait_for(pods, 60, "the replicaset controller to create 2 Pods")
+    assert all(p.status.phase == "Pending" for p in created)  # nothing runs them here
+    # The ServiceAccount admission plugin mounted a projected token (the SA controller works).
+    assert created[0].spec.service_account_name == "default"
+    # The root CA publisher (--root-ca-file) put the cluster CA into the namespace.
+    cm = wait_for(lambda: core.read_namespaced_config_map("kube-root-ca.crt", ns), 30, "kube-root-ca.crt")
+    assert "BEGIN CERTIFICATE" in cm.data["ca.crt"]
+
+    # Garbage collection: deleting the Deployment in the background removes its ReplicaSet and Pods.
+    apps.delete_namespaced_deployment("web", ns, propagation_policy="Background")
+    wait_for(lambda: not apps.list_namespaced_replica_set(ns).items and not core.list_namespaced_pod(ns).items,
+             60, "the garbage collector to delete the ReplicaSet and Pods")
+    core.delete_namespace(ns)
+
+
+def test_service_account_tokens_and_rbac_are_real(devcluster, kube_api):
+    ns = _namespace(kube_api, "cp-rbac")
+    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+    core.create_namespaced_service_account(ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody")))
+    token = core.create_namespaced_service_account_token(
+        "nobody", ns, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+    ).status.token
+    user = f"system:serviceaccount:{ns}:nobody"
+
+    review = client.AuthenticationV1Api(kube_api).create_token_review(
+        client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token)))
+    assert review.status.authenticated and review.status.user.username == user
+
+    sar = client.AuthorizationV1Api(kube_api).create_subject_access_review(client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=user, groups=["system:serviceaccounts", f"system:serviceaccounts:{ns}"],
+            resource_attributes=client.V1ResourceAttributes(namespace=ns, verb="list", resource="secrets"),
+        )))
+    assert sar.status.allowed is False
+
+    as_sa = _as_token(devcluster, token)
+    try:
+        with pytest.raises(ApiException) as denied:
+            client.CoreV1Api(as_sa).list_namespaced_secret(ns)
+        assert denied.value.status == 403
+        with pytest.raises(ApiException) as denied_pods:
+            client.CoreV1Api(as_sa).list_namespaced_pod(ns)
+        assert denied_pods.value.status == 403
+
+        # A Role + RoleBinding grants exactly listing pods, and nothing more.
+        rbac.create_namespaced_role(ns, client.V1Role(
+            metadata=client.V1ObjectMeta(name="pod-reader"),
+            rules=[client.V1PolicyRule(api_groups=[""], resources=["pods"], verbs=["list"])]))
+        rbac.create_namespaced_role_binding(ns, client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="pod-reader"),
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="pod-reader"),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="nobody", namespace=ns)]))
+
+        def can_list_pods() -> bool:
+            client.CoreV1Api(as_sa).list_namespaced_pod(ns)
+            return True
+
+        wait_for(can_list_pods, 30, "the RoleBinding to take effect")
+        with pytest.raises(ApiException) as still_denied:
+            client.CoreV1Api(as_sa).list_namespaced_secret(ns)
+        assert still_denied.value.status == 403
+    finally:
+        as_sa.close()
+    core.delete_namespace(ns)
+
+
+def test_prometheus_scrapes_a_target_and_answers_queries(prometheus):
+    registry = CollectorRegistry()
+    gauge = Gauge("lookahead_test_value", "a value for the Prometheus test", registry=registry)
+    gauge.set(42.5)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    address = f"127.0.0.1:{port}"
+    try:
+        prometheus.set_targets([{"address": address, "labels": {"role": "canary"}}], source="test_controlplane")
+        up = prometheus.wait_target_up(address, timeout=30)
+        assert up[0]["metric"]["role"] == "canary"
+
+        def value():
+            res = prometheus.client().custom_query(query=f'lookahead_test_value{{instance="{address}"}}')
+            return res if res else None
+
+        res = wait_for(value, 30, "the gauge to be scraped", interval=0.25)
+        assert float(res[0]["value"][1]) == 42.5
+        assert res[0]["metric"]["job"] == "lookahead" and res[0]["metric"]["role"] == "canary"
+    finally:
+        prometheus.set_targets([], source="test_controlplane")
+        server.shutdown()
+        thread.join(timeout=5)
