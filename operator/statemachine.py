@@ -172,8 +172,19 @@ class _Builder:
 
 
 def _seconds(value: Any) -> float:
+    """A duration from the spec ("2m", a number of seconds, or a timedelta) in seconds."""
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, str):
+        from .models import parse_duration
+        return parse_duration(value)
+    return float(value)
+
+
+def _percent(value: Any) -> float:
+    if isinstance(value, str):
+        from .models import parse_percent
+        return parse_percent(value)
     return float(value)
 
 
@@ -376,7 +387,7 @@ def _promoting(b: _Builder) -> None:
     from .builders import wave_members
 
     w = b.w
-    waves = [float(x) for x in w.spec.promotion.waves]
+    waves = [_percent(x) for x in w.spec.promotion.waves]
     wave = int(b.progress.get("wave", 0))
     members = wave_members([t.key for t in w.targets], waves, wave)
     decision_id = (b.status.get("decision") or {}).get("id", "")
@@ -398,7 +409,7 @@ def _promoting(b: _Builder) -> None:
     if w.guard is not None and w.guard.regressed:
         _roll_back(b, "GuardRegression", f"wave {wave + 1}: {w.guard.message}")
         return
-    wave_guard = _seconds(w.spec.promotion.guard.duration) / max(1, len(waves))
+    wave_guard = _seconds(getattr(w.spec.promotion, "wave_duration", None) or 0)
     if b.elapsed("waveStartedAt") < wave_guard:
         b.cond("WaveReady", True, "Guarding", f"wave {wave + 1} rolled out; guarding it before the next wave")
         b.requeue = 2.0

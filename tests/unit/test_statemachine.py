@@ -14,7 +14,7 @@ def spec(**over):
         paused=False,
         load=NS(mode="sweep", batch_sizes=[1, 8], step_duration=60.0),
         analysis=NS(deadline=600.0),
-        promotion=NS(mode="regimeAware", waves=[50, 100], guard=NS(duration=20.0), require_approval=False),
+        promotion=NS(mode="regimeAware", waves=["50%", "100%"], wave_duration="10s", guard=NS(duration="20s"), require_approval=False),
     )
     for k, v in over.items():
         setattr(s, k, v)

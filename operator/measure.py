@@ -1,0 +1,362 @@
+"""Measurement glue for the operator: Prometheus samples -> sequential statistics -> the rows,
+decisions and guard checks the state machine consumes. Pure where it can be; the only I/O is
+``PrometheusConnect`` range queries, one function each.
+
+Samples are disjoint intervals of ``SAMPLE_INTERVAL_S`` seconds (the confidence sequences assume
+independent samples; overlapping windows would make intervals too narrow):
+- per-token latency: increase of the per-token-latency histogram's _sum / _count in the interval
+  (request_time_per_output_token for vLLM; never chunk ITL);
+- throughput: increase of the generated-tokens counter in the interval / its length, per pod.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from . import builders as b
+from . import engines
+from . import statemachine as sm
+from .decision import Action, BatchVerdict, decide
+from .preflight import preflight as run_preflight
+from .preflight import production_batch_sizes
+from .statistics import SequentialComparison, Thresholds, parse_fraction
+
+SAMPLE_INTERVAL_S = int(os.environ.get("LOOKAHEAD_SAMPLE_INTERVAL_SECONDS", "5"))
+DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
+
+
+# --- the fleet, as the state machine sees it ----------------------------------------------------
+
+def target_of(deployment: dict, spec_engine: Any) -> sm.Target:
+    meta = deployment["metadata"]
+    ann = meta.get("annotations") or {}
+    engine = getattr(spec_engine, "value", spec_engine)
+    if engine in (None, "auto"):
+        engine = engines.detect_engine(deployment["spec"]["template"])
+    return sm.Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
+                     owner=ann.get(b.ANNOTATION_OWNER), saved=bool(ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE)),
+                     promoted=ann.get(b.ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment))
+
+
+def deployment_ready(d: dict) -> bool:
+    """The latest template is rolled out: observed, updated and ready on every replica."""
+    spec, status = d.get("spec") or {}, d.get("status") or {}
+    want = int(spec.get("replicas", 1) or 0)
+    return (int(status.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0)
+            and int(status.get("updatedReplicas") or 0) >= want
+            and int(status.get("readyReplicas") or 0) >= want
+            and int(status.get("replicas") or 0) == want)
+
+
+def reference_target(targets: list[sm.Target]) -> sm.Target:
+    """The target whose pod template the canary and control are cloned from (stable choice)."""
+    return sorted(targets, key=lambda t: t.key)[0]
+
+
+def seconds_since(ts: str | None, now: datetime) -> float:
+    if not ts:
+        return 0.0
+    t = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    return max(0.0, (now - t).total_seconds())
+
+
+def thresholds(spec: Any) -> Thresholds:
+    a = spec.analysis
+    return Thresholds(min_latency_improvement=parse_fraction(_pct(a.min_latency_improvement)),
+                      max_throughput_regression=parse_fraction(_pct(a.max_throughput_regression)),
+                      confidence=float(a.confidence),
+                      min_samples=max(2, min(int(getattr(spec.load, "min_samples_per_step", 10) or 10), 30)))
+
+
+def _pct(v: Any) -> str:
+    return v if isinstance(v, str) and v.strip().endswith("%") else f"{float(v)}%"
+
+
+# --- Prometheus ----------------------------------------------------------------------------------
+
+def _prom(spec: Any):
+    from prometheus_api_client import PrometheusConnect
+    return PrometheusConnect(url=spec.analysis.prometheus.url, disable_ssl=True)
+
+
+def _matcher(labels: dict[str, str]) -> str:
+    """A PromQL label matcher; values with regex characters match as regular expressions."""
+    parts = [f'{k}{"=~" if any(c in v for c in "|*") else "="}"{v}"' for k, v in labels.items()]
+    return "{" + ",".join(parts) + "}"
+
+
+def _range(prom, query: str, start: datetime, end: datetime, step: int) -> list[float]:
+    """Values of a range query, one per step, dropping intervals without data (NaN/absent)."""
+    if (end - start).total_seconds() < step:
+        return []
+    result = prom.custom_query_range(query, start_time=start, end_time=end, step=f"{step}s")
+    out: list[float] = []
+    for series in result:
+        for _, value in series.get("values", []):
+            x = float(value)
+            if math.isfinite(x):
+                out.append(x)
+    return out
+
+
+def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,
+                     step: int = SAMPLE_INTERVAL_S) -> dict[str, list[float]]:
+    """Disjoint-interval samples of per-token latency (s) and per-pod output throughput (tok/s)."""
+    sel = _matcher(labels)
+    w = f"{step}s"
+    # Prometheus evaluates each point over (t - w, t]: the first point after start covers the first interval.
+    first = start + timedelta(seconds=step)
+    out: dict[str, list[float]] = {"latency": [], "throughput": []}
+    if names.per_token_latency:
+        h = names.per_token_latency
+        out["latency"] = _range(prom, f"sum(increase({h}_sum{sel}[{w}])) / sum(increase({h}_count{sel}[{w}]))",
+                                first, end, step)
+    out["throughput"] = _range(prom, f"avg(increase({names.generation_tokens}{sel}[{w}])) / {step}", first, end, step)
+    return out
+
+
+def _scalar(prom, query: str) -> float | None:
+    res = prom.custom_query(query)
+    if not res:
+        return None
+    x = float(res[0]["value"][1])
+    return x if math.isfinite(x) else None
+
+
+def acceptance_rate(prom, names: engines.MetricNames, labels: dict[str, str], seconds: float) -> float | None:
+    if not (names.accepted_tokens and names.draft_tokens):
+        return None
+    sel, w = _matcher(labels), f"{max(int(seconds), SAMPLE_INTERVAL_S)}s"
+    return _scalar(prom, f"sum(increase({names.accepted_tokens}{sel}[{w}])) / sum(increase({names.draft_tokens}{sel}[{w}]))")
+
+
+def role_labels(policy_name: str, role: str) -> dict[str, str]:
+    return {"lookahead_dev_policy": policy_name, "lookahead_dev_role": role}
+
+
+# --- what each phase needs -----------------------------------------------------------------------
+
+def preflight(spec: Any, targets: list[sm.Target]) -> tuple[dict, list[int] | None]:
+    """Preflight from the fleet's own metrics; an unreachable Prometheus or missing metrics
+    degrade to Unknown (measurement goes ahead and says so), never to a promotion by themselves."""
+    names = engines.metric_names(targets[0].engine or "reference") if targets else engines.metric_names("reference")
+    signals: dict[str, Any] = {}
+    missing_note = None
+    try:
+        prom = _prom(spec)
+        pods = "|".join(f"{t.name}-.*" for t in targets)
+        namespaces = "|".join(sorted({t.namespace for t in targets}))
+        sel = f'{{namespace=~"{namespaces}",pod=~"{pods}"}}'
+        if names.prefill_time and names.decode_time:
+            signals["prefill_seconds"] = _scalar(prom, f"sum(increase({names.prefill_time}_sum{sel}[30m])) / "
+                                                       f"sum(increase({names.prefill_time}_count{sel}[30m]))")
+            signals["decode_seconds"] = _scalar(prom, f"sum(increase({names.decode_time}_sum{sel}[30m])) / "
+                                                      f"sum(increase({names.decode_time}_count{sel}[30m]))")
+        if names.running:
+            q = {}
+            for quant in (0.5, 0.9, 0.99):
+                v = _scalar(prom, f"quantile_over_time({quant}, sum({names.running}{sel})[30m:15s])")
+                if v is not None:
+                    q[quant] = v
+            signals["running_batch_quantiles"] = q or None
+        for key, metric in (("dram_active", "DCGM_FI_PROF_DRAM_ACTIVE"), ("sm_active", "DCGM_FI_PROF_SM_ACTIVE"),
+                            ("tensor_active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+                            ("gpu_util", "DCGM_FI_DEV_GPU_UTIL")):
+            v = _scalar(prom, f"avg(avg_over_time({metric}{sel}[30m]))")
+            if v is not None:
+                signals[key] = v / 100.0 if key == "gpu_util" else v
+    except Exception as exc:  # Prometheus down: say so, measure anyway
+        missing_note = f"Prometheus at {spec.analysis.prometheus.url} could not be read ({type(exc).__name__}: {exc})"
+    result = run_preflight({k: v for k, v in signals.items() if v is not None}).to_dict()
+    if missing_note:
+        result["reasons"] = [missing_note] + list(result.get("reasons") or [])
+    auto = None
+    q = signals.get("running_batch_quantiles")
+    if spec.load.batch_sizes is None:
+        auto = production_batch_sizes(q, 64) if q else [1, 8]
+    result["batchSizes"] = list(spec.load.batch_sizes or auto or [])
+    return result, auto
+
+
+def _verdict_word(bv: BatchVerdict, th: Thresholds) -> str:
+    return {"Wins": "Faster", "Regresses": "Slower", "NoGain": "NoGain", "Pending": "NotEnoughData"}[
+        bv.outcome(th).value]
+
+
+def batch_verdict(spec: Any, policy_name: str, batch_size: int, start: datetime, end: datetime,
+                  engine: str) -> tuple[BatchVerdict, dict[str, Any]]:
+    """Canary vs control at one batch size over [start, end]: the verdict and its status row."""
+    prom = _prom(spec)
+    names = engines.metric_names(engine)
+    th = thresholds(spec)
+    warmup = _seconds(getattr(spec.load, "warmup", 0) or 0)
+    start = start + timedelta(seconds=min(warmup, max(0.0, (end - start).total_seconds() / 4)))
+    lat, tp = SequentialComparison.for_latency(th), SequentialComparison.for_throughput(th)
+    for role in b.ROLES:
+        s = interval_samples(prom, names, role_labels(policy_name, role), start, end)
+        lat.add(role, s["latency"])
+        tp.add(role, s["throughput"])
+    acc = acceptance_rate(prom, names, role_labels(policy_name, "canary"), (end - start).total_seconds())
+    bv = BatchVerdict(batch_size, lat.result(), tp.result(), acc)
+    return bv, batch_row(bv, th)
+
+
+def batch_row(bv: BatchVerdict, th: Thresholds) -> dict[str, Any]:
+    lat, tp = bv.latency, bv.throughput
+
+    def ms(x):
+        return None if x is None else round(x * 1000, 3)
+
+    def pct(x):
+        return None if x is None else round(x * 100, 2)
+
+    return {
+        "batchSize": bv.batch_size,
+        "controlTpotMs": ms(lat.control_mean), "canaryTpotMs": ms(lat.canary_mean),
+        "tpotChange": pct(lat.estimate), "tpotInterval": [pct(x) for x in lat.interval] if lat.interval else None,
+        "controlTokensPerS": None if tp.control_mean is None else round(tp.control_mean, 3),
+        "canaryTokensPerS": None if tp.canary_mean is None else round(tp.canary_mean, 3),
+        "throughputChange": pct(tp.estimate),
+        "throughputInterval": [pct(x) for x in tp.interval] if tp.interval else None,
+        "acceptanceRate": None if bv.acceptance_rate is None else round(min(1.0, max(0.0, bv.acceptance_rate)), 4),
+        "samples": min(lat.n_control, lat.n_canary),
+        "verdict": _verdict_word(bv, th),
+    }
+
+
+def _seconds(v: Any) -> float:
+    from .models import parse_duration
+    return parse_duration(v) if isinstance(v, str) else float(v)
+
+
+def _batch_sizes(status: dict) -> list[int]:
+    return list((status.get("progress") or {}).get("batchSizes") or [1])
+
+
+def step(spec: Any, policy_name: str, status: dict, now: datetime) -> sm.StepMeasurement | None:
+    progress = status.get("progress") or {}
+    sizes = _batch_sizes(status)
+    i = int(progress.get("step", 0))
+    if i >= len(sizes) or not progress.get("stepStartedAt"):
+        return None
+    start = datetime.strptime(progress["stepStartedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    engine = _engine(status)
+    bv, row = batch_verdict(spec, policy_name, sizes[i], start, now, engine)
+    return sm.StepMeasurement(row=row, conclusive=bv.settled(thresholds(spec)))
+
+
+def _engine(status: dict) -> str:
+    targets = status.get("targets") or []
+    return (targets[0].get("engine") if targets else None) or "reference"
+
+
+def _comparison_from_row(row: dict, th: Thresholds) -> BatchVerdict:
+    """Rebuild a verdict from a stored status row (the row holds every number the decision needs),
+    so a restarted operator decides from what is in the cluster."""
+    from .statistics import ComparisonResult, Direction, Verdict
+
+    def comp(metric, direction, threshold, c_mean, k_mean, est, interval, scale):
+        iv = tuple(x / 100 for x in interval) if interval else None
+        n = int(row.get("samples") or 0)
+        verdict = Verdict.NOT_ENOUGH_DATA
+        if iv is not None and n >= th.min_samples:
+            good = (-iv[1], -iv[0]) if direction is Direction.LOWER_IS_BETTER else iv
+            verdict = (Verdict.BETTER if good[0] > threshold else Verdict.WORSE if good[1] < -threshold
+                       else Verdict.EQUIVALENT if -threshold < good[0] and good[1] < threshold
+                       else Verdict.NOT_ENOUGH_DATA)
+        return ComparisonResult(metric, direction, threshold, th.confidence, n, n,
+                                None if c_mean is None else c_mean / scale, None if k_mean is None else k_mean / scale,
+                                None if est is None else est / 100, iv, verdict)
+
+    lat = comp("per_token_latency_seconds", Direction.LOWER_IS_BETTER, th.min_latency_improvement,
+               row.get("controlTpotMs"), row.get("canaryTpotMs"), row.get("tpotChange"), row.get("tpotInterval"), 1000)
+    tp = comp("output_tokens_per_second", Direction.HIGHER_IS_BETTER, th.max_throughput_regression,
+              row.get("controlTokensPerS"), row.get("canaryTokensPerS"), row.get("throughputChange"),
+              row.get("throughputInterval"), 1)
+    return BatchVerdict(int(row["batchSize"]), lat, tp, row.get("acceptanceRate"))
+
+
+def decision(spec: Any, status: dict, now: datetime, targets: list[sm.Target]) -> dict:
+    th = thresholds(spec)
+    rows = status.get("batches") or []
+    verdicts = [_comparison_from_row(r, th) for r in rows]
+    deadline = seconds_since((status.get("progress") or {}).get("measuringSince"), now) >= _seconds(spec.analysis.deadline)
+    # Every step has been measured once the state machine is in Deciding: missing answers are final.
+    d = decide(verdicts, th, deadline_passed=True)
+    out = d.to_dict()
+    out.pop("outcomes", None)
+    engine = _engine(status)
+    if d.action is Action.PROMOTE_REGIME_AWARE and d.lookahead_max_batch_size:
+        try:
+            out["config"] = engines.regime_config(engine, spec.lookahead, d.lookahead_max_batch_size)
+        except engines.EngineError as exc:
+            out["config"] = {"error": str(exc)}
+        out["regime"] = {"maxBatchSize": d.lookahead_max_batch_size}
+    else:
+        out["regime"] = None
+    out["evidence"] = {"batches": rows, "deadlinePassed": deadline,
+                       "thresholds": {"minLatencyImprovement": th.min_latency_improvement,
+                                      "maxThroughputRegression": th.max_throughput_regression,
+                                      "confidence": th.confidence}}
+    return out
+
+
+def promotion_regime(status: dict) -> int | None:
+    regime = (status.get("decision") or {}).get("regime")
+    return int(regime["maxBatchSize"]) if regime and regime.get("maxBatchSize") else None
+
+
+def guard(spec: Any, policy_name: str, status: dict, now: datetime, targets: list[sm.Target]) -> sm.GuardCheck | None:
+    """Promoted fleet pods vs the control, on per-pod output throughput, since the wave (or the
+    guard) started. A regression beyond the guard's tolerance, with confidence, rolls back."""
+    progress = status.get("progress") or {}
+    since = progress.get("guardStartedAt") if status.get("phase") == sm.GUARDING else progress.get("waveStartedAt")
+    promoted = [t for t in targets if t.promoted]
+    if not since or not promoted:
+        return None
+    start = datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    th = thresholds(spec)
+    tol = spec.promotion.guard.max_throughput_regression
+    tol = parse_fraction(_pct(tol)) if tol is not None else th.max_throughput_regression
+    prom = _prom(spec)
+    names = engines.metric_names(_engine(status))
+    comp = SequentialComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
+    pods = "|".join(f"{t.name}-.*" for t in promoted)
+    namespaces = "|".join(sorted({t.namespace for t in promoted}))
+    comp.add("canary", interval_samples(prom, names, {"namespace": namespaces, "pod": pods}, start, now)["throughput"])
+    comp.add("control", interval_samples(prom, names, role_labels(policy_name, "control"), start, now)["throughput"])
+    r = comp.result()
+    if r.estimate is None or r.interval is None:
+        return sm.GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
+    words = (f"promoted pods' throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
+             f"{r.interval[1] * 100:+.1f}%] vs the control ({int(th.confidence * 100)}% CS, n={r.n_canary}/{r.n_control})")
+    return sm.GuardCheck(r.verdict.value == "Worse", words)
+
+
+def load_jobs(spec: Any, policy: dict, namespace: str, step_index: int, batch_size: int,
+              pods_by_role: dict[str, list[dict]]) -> list[dict]:
+    """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
+    (its pod IP and serving port: no Service or DNS needed)."""
+    duration = _seconds(spec.load.step_duration)
+    prompts = spec.load.prompts.builtin.value if getattr(spec.load.prompts, "builtin", None) else "chat"
+    image = spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
+    jobs = []
+    for role in b.ROLES:
+        pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and _pod_ready(p)]
+        if not pods:
+            continue
+        pod = sorted(pods, key=lambda p: p["metadata"]["name"])[0]
+        port = b.container_port(pod["spec"]["containers"][0])
+        url = f"http://{pod['status']['podIP']}:{port}"
+        jobs.append(b.build_load_job(policy, namespace, role, step_index, batch_size, url, duration, image, prompts))
+    return jobs
+
+
+def _pod_ready(pod: dict) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
