@@ -1,0 +1,756 @@
+"""Observations from Prometheus: what each role (canary / control) did in one step window.
+
+``observe(prom, engine_metrics, selector_labels, start, end) -> Observation`` reads, for the
+series matching ``selector_labels`` (e.g. ``{"lookahead_dev_policy": "p", "lookahead_dev_role":
+"canary"}``) in the window ``[start, end]`` (Unix seconds):
+
+* per-token latency -- increase of the per-token histogram's ``_sum`` over the increase of its
+  ``_count`` (vLLM: ``request_time_per_output_token``; never the per-chunk ITL, which is biased
+  against speculation); if the engine lacks it, decode time / (generated tokens - requests);
+* output throughput -- increase of the generation-tokens counter / window seconds;
+* TTFT, e2e, queue, prefill and decode time -- histogram means, same way;
+* acceptance rate -- increase of accepted draft tokens / increase of draft tokens (SGLang: only
+  its gauge, averaged, and labelled as such);
+* mean running batch and waiting queue -- time average of the gauges per pod, averaged over pods;
+* per-interval samples (throughput, per-token latency) for the sequential statistics.
+
+Every value is a :class:`Measured`: a number with ``state == "ok"``, or an explicit ``sparse``
+(too little data: the estimate is kept but flagged) or ``missing`` (no series, nothing finished,
+not scraped yet) state with the reason in words. Nothing missing ever reads as zero.
+
+How increases are computed: not with PromQL ``increase()``, which extrapolates to the window
+edges and so neither equals what the engine counted nor stays exact for short windows. Instead
+the raw samples are fetched (``metric[range]`` at an evaluation time) and, per series, the
+increase is taken from the last sample at or before ``start`` to the first sample at or after
+``end``, adding across counter resets. With a quiet gap of one scrape between steps (the load
+generator's ``after_step`` hook waits for it, see :func:`wait_scraped`), that is exactly what the
+engine recorded for the step. A series that first appears inside the window counts from 0 (a new
+pod, or labels created at the first observation); a window not yet scraped past its end is
+``missing`` ("not scraped since the window end") until Prometheus catches up.
+
+Labels the queries rely on (set by the pod harness / Prometheus relabelling from the labels the
+operator puts on everything it creates, see docs/architecture.md):
+``lookahead_dev_policy``, ``lookahead_dev_role`` (``canary`` | ``control`` | ``loadgen``),
+``lookahead_dev_target``. DCGM series: ``namespace``, ``pod`` (dcgm-exporter's Kubernetes mapping).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .engines import MetricNames, metric_names
+
+LABEL_POLICY = "lookahead_dev_policy"
+LABEL_ROLE = "lookahead_dev_role"
+LABEL_TARGET = "lookahead_dev_target"
+
+#: How far before ``start`` to look for the baseline sample (Prometheus' own staleness limit).
+DEFAULT_LOOKBACK_S = 300.0
+DEFAULT_MIN_REQUESTS = 3
+
+DCGM_METRICS = {
+    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "gpu_util": "DCGM_FI_DEV_GPU_UTIL",
+}
+DCGM_MISSING_HINTS = {
+    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE is a profiling counter: dcgm-exporter must run with the "
+                   "DCP (profiling) metrics enabled",
+    "sm_active": "DCGM_FI_PROF_SM_ACTIVE is off in dcgm-exporter's default collector set; add it to the "
+                 "counters CSV (dcp-metrics-included.csv) to see spare compute",
+    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE is a profiling counter not in every collector set; "
+                     "enable it in dcgm-exporter's counters CSV",
+    "gpu_util": "DCGM_FI_DEV_GPU_UTIL not exported (it is kernel residency, not arithmetic load, and is "
+                "never used to judge spare compute)",
+}
+
+
+class ObservationError(RuntimeError):
+    """Prometheus could not be queried (distinct from data being missing)."""
+
+
+class State(str, Enum):
+    OK = "ok"
+    SPARSE = "sparse"
+    MISSING = "missing"
+
+
+class NotMeasured(ValueError):
+    """Raised by ``float(m)`` on a value that is not ``ok``."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A value, or an explicit reason why there is none (or too little data behind it)."""
+
+    state: State
+    value: float | None = None
+    reason: str = ""
+    samples: int = 0          # requests (histograms), raw samples (gauges) or series behind the value
+    unit: str = ""
+
+    @classmethod
+    def of(cls, value: float, samples: int = 0, unit: str = "", reason: str = "") -> "Measured":
+        return cls(State.OK, float(value), reason, samples, unit)
+
+    @classmethod
+    def missing(cls, reason: str, unit: str = "") -> "Measured":
+        return cls(State.MISSING, None, reason, 0, unit)
+
+    @classmethod
+    def sparse(cls, value: float | None, reason: str, samples: int = 0, unit: str = "") -> "Measured":
+        return cls(State.SPARSE, None if value is None else float(value), reason, samples, unit)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is State.OK
+
+    def __float__(self) -> float:
+        if not self.ok or self.value is None:
+            raise NotMeasured(f"{self.state.value}: {self.reason}")
+        return self.value
+
+    def get(self, default: float | None = None) -> float | None:
+        """The value when ``ok``, else ``default``."""
+        return self.value if self.ok else default
+
+    def to_dict(self) -> dict:
+        return {"state": self.state.value, "value": self.value, "reason": self.reason,
+                "samples": self.samples, "unit": self.unit}
+
+    def __str__(self) -> str:
+        if self.value is not None:
+            s = f"{self.value:.6g}{(' ' + self.unit) if self.unit else ''}"
+            return s if self.ok else f"{s} ({self.state.value}: {self.reason})"
+        return f"{self.state.value}: {self.reason}"
+
+
+@dataclass
+class IntervalSamples:
+    """Per-interval samples inside a window, for the sequential statistics.
+
+    ``t`` is each interval's end (Unix seconds, the sample time actually used); an interval in
+    which no request finished has no per-token latency (``None``), never a zero.
+    """
+
+    t: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    output_tokens: list[float] = field(default_factory=list)
+    output_tokens_per_s: list[float] = field(default_factory=list)
+    requests: list[float] = field(default_factory=list)
+    per_token_latency_s: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Observation:
+    """One role in one window."""
+
+    selector: dict
+    start: float
+    end: float
+    engine: str
+    per_token_latency_s: Measured
+    per_token_latency_source: str
+    output_tokens: Measured
+    output_tokens_per_s: Measured
+    requests: Measured
+    ttft_s: Measured
+    e2e_s: Measured
+    queue_time_s: Measured
+    prefill_time_s: Measured
+    decode_time_s: Measured
+    acceptance_rate: Measured
+    draft_tokens: Measured
+    accepted_tokens: Measured
+    mean_running: Measured
+    mean_waiting: Measured
+    intervals: IntervalSamples
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def role(self) -> str | None:
+        return self.selector.get(LABEL_ROLE)
+
+    @property
+    def window_s(self) -> float:
+        return self.end - self.start
+
+    def values(self) -> dict[str, Measured]:
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, Measured)}
+
+    def complete(self) -> bool:
+        """The two numbers a decision needs are there."""
+        return self.per_token_latency_s.ok and self.output_tokens_per_s.ok
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"selector": self.selector, "role": self.role, "start": self.start, "end": self.end,
+                             "engine": self.engine, "per_token_latency_source": self.per_token_latency_source,
+                             "notes": self.notes, "intervals": asdict(self.intervals)}
+        for k, v in self.values().items():
+            d[k] = v.to_dict()
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus access
+
+
+def _client(prom: Any):
+    if isinstance(prom, str):
+        from prometheus_api_client import PrometheusConnect
+
+        return PrometheusConnect(url=prom.rstrip("/"), disable_ssl=True)
+    return prom
+
+
+def _escape(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def selector(labels: Mapping[str, str], regex: Mapping[str, str] | None = None) -> str:
+    """``{k="v",...}`` (and ``k=~"re"`` for ``regex``)."""
+    parts = [f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())]
+    parts += [f'{k}=~"{_escape(v)}"' for k, v in sorted((regex or {}).items())]
+    return "{" + ",".join(parts) + "}"
+
+
+Series = list[tuple[float, float]]
+
+
+def raw_samples(prom: Any, metric: str, sel: str, since: float, until: float) -> dict[tuple, Series]:
+    """Raw samples of ``metric{sel}`` with timestamps in ``(since, until]``, per series."""
+    client = _client(prom)
+    rng = max(1, int(math.ceil(until - since)))
+    query = f"{metric}{sel}[{rng}s]"
+    try:
+        result = client.custom_query(query=query, params={"time": f"{until:.3f}"})
+    except Exception as exc:  # noqa: BLE001 - prometheus-api-client raises several types
+        raise ObservationError(f"query {query!r} failed: {exc}") from exc
+    out: dict[tuple, Series] = {}
+    for r in result or []:
+        labels = tuple(sorted((k, v) for k, v in r.get("metric", {}).items() if k != "__name__"))
+        pts = sorted((float(t), float(v)) for t, v in r.get("values", []))
+        if pts:
+            out[labels] = pts
+    return out
+
+
+@dataclass
+class _Delta:
+    value: float = 0.0
+    series: int = 0
+    born_inside: int = 0        # series with no sample at/before start (counted from 0)
+    unscraped: int = 0          # series with no sample at/after end yet
+    final_t: float = 0.0        # latest end-sample time used
+    base_t: float = math.inf    # earliest baseline time used
+
+
+def _value_before(pts: Series, t: float) -> tuple[float, float] | None:
+    best = None
+    for p in pts:
+        if p[0] <= t + 1e-9:
+            best = p
+        else:
+            break
+    return best
+
+
+def _value_after(pts: Series, t: float) -> tuple[float, float] | None:
+    for p in pts:
+        if p[0] >= t - 1e-9:
+            return p
+    return None
+
+
+def _counter_increase(pts: Series, t0: float, t1: float) -> tuple[float, tuple[float, float] | None,
+                                                                   tuple[float, float] | None, bool]:
+    """Increase between the last sample <= t0 and the first sample >= t1 (resets added).
+
+    Returns (increase, base point, end point, born_inside). End point None: not scraped yet.
+    """
+    base = _value_before(pts, t0)
+    born = base is None
+    end = _value_after(pts, t1)
+    if end is None:
+        return 0.0, base, None, born
+    seg = [p for p in pts if (base is None or p[0] >= base[0]) and p[0] <= end[0]]
+    prev = 0.0 if born else seg[0][1]
+    inc = 0.0
+    for _, v in (seg if born else seg[1:]):
+        inc += v - prev if v >= prev else v   # a drop is a counter reset: the new value is all new
+        prev = v
+    return inc, base if base else (seg[0][0], 0.0), end, born
+
+
+def _delta(all_series: Mapping[tuple, Series], t0: float, t1: float) -> _Delta:
+    d = _Delta()
+    for pts in all_series.values():
+        inc, base, end, born = _counter_increase(pts, t0, t1)
+        d.series += 1
+        if end is None:
+            d.unscraped += 1
+            continue
+        d.value += inc
+        d.born_inside += int(born)
+        d.final_t = max(d.final_t, end[0])
+        if base:
+            d.base_t = min(d.base_t, base[0])
+    return d
+
+
+class _Reader:
+    """Fetches raw samples once per metric for a window and answers delta / gauge questions."""
+
+    def __init__(self, prom: Any, labels: Mapping[str, str], start: float, end: float,
+                 lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None,
+                 regex: Mapping[str, str] | None = None):
+        self.prom = _client(prom)
+        self.sel = selector(labels, regex)
+        self.start = start
+        self.end = end
+        self.since = start - lookback_s
+        now = time.time() if now is None else now
+        self.until = max(end, min(now, end + lookback_s))
+        self._cache: dict[str, dict[tuple, Series]] = {}
+
+    def series(self, metric: str) -> dict[tuple, Series]:
+        if metric not in self._cache:
+            self._cache[metric] = raw_samples(self.prom, metric, self.sel, self.since, self.until)
+        return self._cache[metric]
+
+    def delta(self, metric: str, t0: float | None = None, t1: float | None = None) -> _Delta | None:
+        s = self.series(metric)
+        if not s:
+            return None
+        return _delta(s, self.start if t0 is None else t0, self.end if t1 is None else t1)
+
+    def gauge_points(self, metric: str) -> dict[tuple, list[float]]:
+        out = {}
+        for labels, pts in self.series(metric).items():
+            vals = [v for t, v in pts if self.start - 1e-9 <= t <= self.end + 1e-9]
+            out[labels] = vals
+        return out
+
+
+def _not_scraped_reason(metric: str, sel: str, end: float) -> str:
+    return f"{metric}{sel} not scraped since the window end ({end:.3f}) yet"
+
+
+def _histogram_mean(r: _Reader, base: str | None, unit: str, min_requests: int, what: str) -> Measured:
+    if not base:
+        return Measured.missing(f"the engine exports no {what} histogram", unit)
+    s = r.delta(f"{base}_sum")
+    c = r.delta(f"{base}_count")
+    if s is None or c is None:
+        return Measured.missing(f"no series {base}{r.sel}", unit)
+    if c.unscraped or s.unscraped:
+        return Measured.missing(_not_scraped_reason(base, r.sel, r.end), unit)
+    n = int(round(c.value))
+    if n <= 0:
+        return Measured.missing(f"no requests finished in the window ({base}_count did not increase)", unit)
+    mean = s.value / c.value
+    if n < min_requests:
+        return Measured.sparse(mean, f"only {n} request(s) finished (< {min_requests})", n, unit)
+    return Measured.of(mean, n, unit)
+
+
+def _gauge_mean(r: _Reader, metric: str | None, what: str) -> Measured:
+    if not metric:
+        return Measured.missing(f"the engine exports no {what} gauge")
+    pts = r.gauge_points(metric)
+    if not pts:
+        return Measured.missing(f"no series {metric}{r.sel}")
+    per_series = [statistics.fmean(v) for v in pts.values() if v]
+    n = sum(len(v) for v in pts.values())
+    if not per_series:
+        return Measured.missing(f"no samples of {metric}{r.sel} inside the window")
+    mean = statistics.fmean(per_series)
+    if min(len(v) for v in pts.values() if v) < 2:
+        return Measured.sparse(mean, f"fewer than 2 scrapes of {metric} inside the window", n)
+    return Measured.of(mean, n)
+
+
+def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
+            start: float, end: float, *, interval_s: float | None = None,
+            min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
+            now: float | None = None) -> Observation:
+    """Observe one role (``selector_labels``) in one window ``[start, end]`` (Unix seconds).
+
+    ``prom``: a Prometheus URL or a ``PrometheusConnect``. ``interval_s``: length of the
+    per-interval samples (default: a tenth of the window, at least 1 s); use at least the
+    scrape interval.
+    """
+    if end <= start:
+        raise ValueError(f"empty window: end {end} <= start {start}")
+    m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
+    r = _Reader(prom, selector_labels, start, end, lookback_s=lookback_s, now=now)
+    window = end - start
+    notes: list[str] = []
+
+    # --- tokens and throughput
+    gen = r.delta(m.generation_tokens)
+    if gen is None:
+        output_tokens = tput = Measured.missing(f"no series {m.generation_tokens}{r.sel}")
+    elif gen.unscraped:
+        output_tokens = tput = Measured.missing(_not_scraped_reason(m.generation_tokens, r.sel, end))
+    elif gen.value <= 0:
+        output_tokens = tput = Measured.missing("no tokens generated in the window (no load reached these pods)")
+    else:
+        if gen.born_inside:
+            notes.append(f"{gen.born_inside} series of {m.generation_tokens} started inside the window "
+                         "(counted from 0)")
+        output_tokens = Measured.of(gen.value, gen.series, "tokens")
+        tput = Measured.of(gen.value / window, gen.series, "tokens/s")
+
+    # --- latency histograms
+    ttft = _histogram_mean(r, m.ttft, "s", min_requests, "TTFT")
+    e2e = _histogram_mean(r, m.e2e, "s", min_requests, "end-to-end latency")
+    queue = _histogram_mean(r, m.queue_time, "s", min_requests, "queue time")
+    prefill = _histogram_mean(r, m.prefill_time, "s", min_requests, "prefill time")
+    decode = _histogram_mean(r, m.decode_time, "s", min_requests, "decode time")
+    count_metric = next((f"{b}_count" for b in (m.e2e, m.ttft, m.per_token_latency) if b), None)
+    cnt = r.delta(count_metric) if count_metric else None
+    if cnt is None:
+        requests = Measured.missing("no request-count series")
+    elif cnt.unscraped:
+        requests = Measured.missing(_not_scraped_reason(count_metric, r.sel, end))
+    elif cnt.value <= 0:
+        requests = Measured.missing("no requests finished in the window")
+    else:
+        requests = Measured.of(cnt.value, int(cnt.value), "requests")
+
+    source = "per_token_histogram"
+    ptl = _histogram_mean(r, m.per_token_latency, "s", min_requests, "per-token latency")
+    if ptl.state is State.MISSING and m.decode_time and decode.value is not None and gen is not None \
+            and not gen.unscraped and requests.value:
+        # decode time covers every token after each request's first
+        tokens_after_first = gen.value - requests.value
+        dsum = r.delta(f"{m.decode_time}_sum")
+        if tokens_after_first > 0 and dsum is not None:
+            value = dsum.value / tokens_after_first
+            source = "decode_time/generated_tokens"
+            ptl = (Measured.of(value, int(requests.value), "s") if decode.ok else
+                   Measured.sparse(value, decode.reason, int(requests.value), "s"))
+
+    # --- acceptance
+    draft_tokens = accepted = acceptance = None
+    if m.draft_tokens and m.accepted_tokens:
+        dd, da = r.delta(m.draft_tokens), r.delta(m.accepted_tokens)
+        if dd is None or da is None:
+            acceptance = Measured.missing(f"no series {m.draft_tokens}{r.sel} (speculation off, or not reported)")
+        elif dd.unscraped or da.unscraped:
+            acceptance = Measured.missing(_not_scraped_reason(m.draft_tokens, r.sel, end))
+        elif dd.value <= 0:
+            acceptance = Measured.missing("no draft tokens in the window (speculation off, or off at this batch size)")
+        else:
+            acceptance = Measured.of(da.value / dd.value, int(dd.value), "ratio")
+        if dd is not None and not dd.unscraped:
+            draft_tokens = Measured.of(dd.value, dd.series, "tokens") if dd.value > 0 else \
+                Measured.missing("no draft tokens in the window")
+        if da is not None and not da.unscraped:
+            accepted = Measured.of(da.value, da.series, "tokens") if dd is not None and dd.value > 0 else \
+                Measured.missing("no draft tokens in the window")
+    elif m.acceptance_rate_gauge:
+        g = _gauge_mean(r, m.acceptance_rate_gauge, "acceptance rate")
+        acceptance = Measured(g.state, g.value, ("from a point-in-time gauge (the engine exports no "
+                                                "acceptance counters)" + (f"; {g.reason}" if g.reason else "")),
+                              g.samples, "ratio")
+    else:
+        acceptance = Measured.missing("the engine exports no acceptance metrics")
+    draft_tokens = draft_tokens or Measured.missing("the engine exports no draft-token counter")
+    accepted = accepted or Measured.missing("the engine exports no accepted-token counter")
+
+    running = _gauge_mean(r, m.running, "running requests")
+    waiting = _gauge_mean(r, m.waiting, "waiting requests")
+
+    intervals = _intervals(r, m, interval_s or max(1.0, window / 10.0))
+    return Observation(selector=dict(selector_labels), start=start, end=end, engine=m.engine,
+                       per_token_latency_s=ptl, per_token_latency_source=source, output_tokens=output_tokens,
+                       output_tokens_per_s=tput, requests=requests, ttft_s=ttft, e2e_s=e2e, queue_time_s=queue,
+                       prefill_time_s=prefill, decode_time_s=decode, acceptance_rate=acceptance,
+                       draft_tokens=draft_tokens, accepted_tokens=accepted, mean_running=running,
+                       mean_waiting=waiting, intervals=intervals, notes=notes)
+
+
+def _point_at(pts: Series, b: float, is_start: bool, is_end: bool) -> tuple[float, float] | None:
+    if is_end:
+        return _value_after(pts, b)
+    return _value_before(pts, b)
+
+
+def _series_boundary_values(pts: Series, bounds: Sequence[float]) -> list[tuple[float, float] | None]:
+    """Per boundary: (sample time, reset-corrected cumulative value)."""
+    # reset-corrected running total
+    corrected: Series = []
+    total = 0.0
+    prev = None
+    for t, v in pts:
+        if prev is None:
+            total = v
+        else:
+            total += v - prev if v >= prev else v
+        prev = v
+        corrected.append((t, total))
+    out = []
+    for i, b in enumerate(bounds):
+        p = _point_at(corrected, b, i == 0, i == len(bounds) - 1)
+        if p is None and corrected and b < corrected[0][0]:
+            # series born inside the window: it was 0 before its first sample
+            p = (b, 0.0)
+        out.append(p)
+    return out
+
+
+def _intervals(r: _Reader, m: MetricNames, interval_s: float) -> IntervalSamples:
+    out = IntervalSamples()
+    n = max(1, int(math.ceil((r.end - r.start) / interval_s - 1e-9)))
+    bounds = [r.start + k * interval_s for k in range(n)] + [r.end]
+
+    def per_boundary(metric: str | None) -> list[tuple[float, float] | None] | None:
+        if not metric:
+            return None
+        series = r.series(metric)
+        if not series:
+            return None
+        cols = [_series_boundary_values(pts, bounds) for pts in series.values()]
+        agg: list[tuple[float, float] | None] = []
+        for k in range(len(bounds)):
+            pts = [c[k] for c in cols]
+            if any(p is None for p in pts):
+                agg.append(None)
+            else:
+                agg.append((max(p[0] for p in pts), sum(p[1] for p in pts)))
+        return agg
+
+    gen = per_boundary(m.generation_tokens)
+    if gen is None:
+        return out
+    psum = per_boundary(f"{m.per_token_latency}_sum" if m.per_token_latency else None)
+    pcnt = per_boundary(f"{m.per_token_latency}_count" if m.per_token_latency else None)
+    rcnt = per_boundary(f"{m.e2e}_count" if m.e2e else None)
+    last = 0
+    for k in range(1, len(bounds)):
+        a, b = gen[last], gen[k]
+        if a is None or b is None or b[0] - a[0] <= 1e-9:
+            continue   # no new scrape in this interval: merge it into the next
+        out.t.append(b[0])
+        out.seconds.append(b[0] - a[0])
+        out.output_tokens.append(b[1] - a[1])
+        out.output_tokens_per_s.append((b[1] - a[1]) / (b[0] - a[0]))
+        out.requests.append(rcnt[k][1] - rcnt[last][1] if rcnt and rcnt[k] and rcnt[last] else 0.0)
+        if psum and pcnt and psum[k] and psum[last] and pcnt[k] and pcnt[last] and pcnt[k][1] > pcnt[last][1]:
+            out.per_token_latency_s.append((psum[k][1] - psum[last][1]) / (pcnt[k][1] - pcnt[last][1]))
+        else:
+            out.per_token_latency_s.append(None)
+        last = k
+    return out
+
+
+def observe_roles(prom: Any, engine_metrics: MetricNames | str, base_labels: Mapping[str, str],
+                  start: float, end: float, roles: Iterable[str] = ("control", "canary"),
+                  **kwargs: Any) -> dict[str, Observation]:
+    """:func:`observe` for each role (``lookahead_dev_role``) under the same base labels."""
+    return {role: observe(prom, engine_metrics, {**base_labels, LABEL_ROLE: role}, start, end, **kwargs)
+            for role in roles}
+
+
+def role_selector(policy: str | None = None, role: str | None = None, target: str | None = None,
+                  **extra: str) -> dict[str, str]:
+    """Prometheus label selector for the pods of a policy / role / target."""
+    out = dict(extra)
+    if policy:
+        out[LABEL_POLICY] = policy
+    if role:
+        out[LABEL_ROLE] = role
+    if target:
+        out[LABEL_TARGET] = target
+    return out
+
+
+def last_scrape_time(prom: Any, metric: str, selector_labels: Mapping[str, str]) -> float | None:
+    """Time of the newest sample of ``metric{selector}`` (min over series), or None."""
+    client = _client(prom)
+    q = f"min(timestamp({metric}{selector(selector_labels)}))"
+    try:
+        res = client.custom_query(query=q)
+    except Exception as exc:  # noqa: BLE001
+        raise ObservationError(f"query {q!r} failed: {exc}") from exc
+    if not res:
+        return None
+    return float(res[0]["value"][1])
+
+
+def wait_scraped(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
+                 after: float, timeout: float = 60.0, poll_s: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until every series of the generation counter under ``selector_labels`` has a sample
+    at or after ``after``; returns that sample time. Raises ``TimeoutError``."""
+    m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
+    deadline = time.monotonic() + timeout
+    while True:
+        t = last_scrape_time(prom, m.generation_tokens, selector_labels)
+        if t is not None and t >= after:
+            return t
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Prometheus did not scrape {m.generation_tokens}{selector(selector_labels)} "
+                               f"after {after:.3f} within {timeout:.0f} s (last sample: {t})")
+        sleep(poll_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# fleet signals for the preflight
+
+
+@dataclass
+class FleetSignals:
+    """What the preflight reads from the fleet's own metrics over a window.
+
+    Engine signals aggregate every series under the selector; DCGM signals are means over the
+    window, overall and per ``(namespace, pod)``. Missing DCGM counters say which and why.
+    """
+
+    start: float
+    end: float
+    engine: str
+    prefill_time_s: Measured
+    decode_time_s: Measured
+    ttft_s: Measured
+    e2e_s: Measured
+    per_token_latency_s: Measured
+    running_p50: Measured
+    running_p90: Measured
+    running_p99: Measured
+    running_max: Measured
+    running_mean: Measured
+    dram_active: Measured
+    sm_active: Measured
+    tensor_active: Measured
+    gpu_util: Measured
+    by_pod: dict[str, dict[str, Measured]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def preflight_signals(self) -> dict[str, Any]:
+        """The input of ``lookahead_operator.preflight.preflight``: plain numbers, ``None`` where
+        a signal is missing (sparse values are passed on: the preflight only screens)."""
+        def v(m: Measured) -> float | None:
+            return m.value if m.state is not State.MISSING else None
+
+        quantiles = {q: v(m) for q, m in ((0.5, self.running_p50), (0.9, self.running_p90),
+                                          (0.99, self.running_p99)) if v(m) is not None}
+        ttft, e2e = v(self.ttft_s), v(self.e2e_s)
+        return {
+            "prefill_seconds": v(self.prefill_time_s),
+            "decode_seconds": v(self.decode_time_s),
+            "running_batch_quantiles": quantiles or None,
+            "ttft_share": (ttft / e2e) if ttft is not None and e2e else None,
+            "dram_active": v(self.dram_active),
+            "sm_active": v(self.sm_active),
+            "tensor_active": v(self.tensor_active),
+            "gpu_util": v(self.gpu_util),
+        }
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"start": self.start, "end": self.end, "engine": self.engine, "notes": self.notes}
+        for k, v in self.__dict__.items():
+            if isinstance(v, Measured):
+                d[k] = v.to_dict()
+        d["by_pod"] = {p: {k: v.to_dict() for k, v in vals.items()} for p, vals in self.by_pod.items()}
+        return d
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
+                  start: float, end: float, *, namespace: str | None = None,
+                  pods: Sequence[str] | None = None, dcgm_labels: Mapping[str, str] | None = None,
+                  min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
+                  now: float | None = None) -> FleetSignals:
+    """Preflight signals for a fleet: prefill vs decode time, running-request quantiles (for
+    ``batchSizes: auto``), and DCGM DRAM / SM / tensor activity and GPU_UTIL.
+
+    DCGM series are selected by ``dcgm_labels`` plus ``namespace`` and ``pod=~"pod1|pod2"``
+    (dcgm-exporter's Kubernetes mapping); with none of these given, by ``selector_labels``.
+    Profiling counters are fractions 0..1; GPU_UTIL is a percentage and is reported but means
+    kernel residency, not spare compute.
+    """
+    m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
+    r = _Reader(prom, selector_labels, start, end, lookback_s=lookback_s, now=now)
+    notes: list[str] = []
+    prefill = _histogram_mean(r, m.prefill_time, "s", min_requests, "prefill time")
+    decode = _histogram_mean(r, m.decode_time, "s", min_requests, "decode time")
+    ttft = _histogram_mean(r, m.ttft, "s", min_requests, "TTFT")
+    e2e = _histogram_mean(r, m.e2e, "s", min_requests, "end-to-end latency")
+    ptl = _histogram_mean(r, m.per_token_latency, "s", min_requests, "per-token latency")
+
+    qs: dict[str, Measured] = {}
+    pts = r.gauge_points(m.running) if m.running else {}
+    allv = [v for vals in pts.values() for v in vals]
+    if not m.running:
+        for k in ("p50", "p90", "p99", "max", "mean"):
+            qs[k] = Measured.missing("the engine exports no running-requests gauge")
+    elif not allv:
+        for k in ("p50", "p90", "p99", "max", "mean"):
+            qs[k] = Measured.missing(f"no samples of {m.running}{r.sel} in the window")
+    else:
+        make = Measured.of if len(allv) >= 10 else (
+            lambda v, n, u: Measured.sparse(v, f"only {n} samples of the running gauge", n, u))
+        qs["p50"] = make(_quantile(allv, 0.5), len(allv), "requests")
+        qs["p90"] = make(_quantile(allv, 0.9), len(allv), "requests")
+        qs["p99"] = make(_quantile(allv, 0.99), len(allv), "requests")
+        qs["max"] = make(max(allv), len(allv), "requests")
+        qs["mean"] = make(statistics.fmean(allv), len(allv), "requests")
+
+    dl = dict(dcgm_labels or {})
+    regex: dict[str, str] = {}
+    if namespace:
+        dl["namespace"] = namespace
+    if pods:
+        regex["pod"] = "|".join(re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\1", p) for p in pods)
+    if not dl and not regex:
+        dl = dict(selector_labels)
+    d = _Reader(prom, dl, start, end, lookback_s=lookback_s, now=now, regex=regex)
+    dcgm: dict[str, Measured] = {}
+    by_pod: dict[str, dict[str, Measured]] = {}
+    for key, metric in DCGM_METRICS.items():
+        series = d.gauge_points(metric)
+        vals = [v for vs in series.values() for v in vs]
+        unit = "%" if key == "gpu_util" else "fraction"
+        if not series or not vals:
+            dcgm[key] = Measured.missing(DCGM_MISSING_HINTS[key], unit)
+            notes.append(f"{metric} missing: {DCGM_MISSING_HINTS[key]}")
+            continue
+        dcgm[key] = Measured.of(statistics.fmean(vals), len(vals), unit)
+        for labels, vs in series.items():
+            if not vs:
+                continue
+            ld = dict(labels)
+            pod_key = f"{ld.get('namespace', '?')}/{ld.get('pod', ld.get('Hostname', '?'))}"
+            by_pod.setdefault(pod_key, {})
+            prev = by_pod[pod_key].get(key)
+            # several GPUs per pod: average them
+            if prev is None:
+                by_pod[pod_key][key] = Measured.of(statistics.fmean(vs), len(vs), unit)
+            else:
+                n = prev.samples + len(vs)
+                by_pod[pod_key][key] = Measured.of((prev.value * prev.samples + sum(vs)) / n, n, unit)
+    if dcgm["gpu_util"].ok:
+        notes.append("DCGM_FI_DEV_GPU_UTIL is kernel residency (reads 90%+ on memory-bound decode); "
+                     "it is reported, never used as evidence of no spare compute")
+    return FleetSignals(start=start, end=end, engine=m.engine, prefill_time_s=prefill, decode_time_s=decode,
+                        ttft_s=ttft, e2e_s=e2e, per_token_latency_s=ptl, running_p50=qs["p50"], running_p90=qs["p90"],
+                        running_p99=qs["p99"], running_max=qs["max"], running_mean=qs["mean"],
+                        dram_active=dcgm["dram_active"], sm_active=dcgm["sm_active"],
+                        tensor_active=dcgm["tensor_active"], gpu_util=dcgm["gpu_util"], by_pod=by_pod, notes=notes)

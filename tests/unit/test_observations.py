@@ -1,0 +1,267 @@
+"""The window arithmetic of lookahead_operator.observations, on in-memory series.
+
+``SeriesStore`` answers the two query shapes the module sends (``metric{sel}[Ns]`` at a time, and
+``min(timestamp(metric{sel}))``) from Python lists, so the reset / baseline / not-yet-scraped rules
+can be pinned down exactly. The real Prometheus is in tests/integration/test_observations.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lookahead_operator import observations as obs
+from lookahead_operator.engines import metric_names
+from lookahead_operator.observations import Measured, State
+
+V = metric_names("vllm")
+SEL = {"lookahead_dev_role": "canary", "lookahead_dev_policy": "p"}
+
+
+class SeriesStore:
+    def __init__(self) -> None:
+        self.series: list[tuple[str, dict, list[tuple[float, float]]]] = []
+
+    def add(self, name: str, points, **labels):
+        self.series.append((name, {**SEL, **labels}, list(points)))
+
+    def _match(self, sel: str, labels: dict) -> bool:
+        for k, op, v in re.findall(r'(\w+)(=~|=)"([^"]*)"', sel):
+            if op == "=" and labels.get(k) != v:
+                return False
+            if op == "=~" and not re.fullmatch(v, labels.get(k, "")):
+                return False
+        return True
+
+    def custom_query(self, query: str, params: dict | None = None):
+        m = re.fullmatch(r"([\w:]+)(\{.*\})\[(\d+)s\]", query)
+        if m:
+            name, sel, rng = m.group(1), m.group(2), int(m.group(3))
+            t = float(params["time"])
+            out = []
+            for n, labels, pts in self.series:
+                if n == name and self._match(sel, labels):
+                    vals = [[ts, str(v)] for ts, v in pts if t - rng < ts <= t]
+                    if vals:
+                        out.append({"metric": {"__name__": n, **labels}, "values": vals})
+            return out
+        m = re.fullmatch(r"min\(timestamp\(([\w:]+)(\{.*\})\)\)", query)
+        if m:
+            ts = [pts[-1][0] for n, labels, pts in self.series if n == m.group(1) and self._match(m.group(2), labels)]
+            return [{"metric": {}, "value": [0, str(min(ts))]}] if ts else []
+        raise AssertionError(f"unexpected query {query}")
+
+
+def scrape_times(a, b, step=1.0):
+    t = a
+    while t <= b + 1e-9:
+        yield t
+        t += step
+
+
+def engine_series(store, start=100.0, end=120.0, tokens_per_s=50.0, per_token=0.02, req_every=2.0, pod="a",
+                  spec=True):
+    """Counters that are flat before `start`, grow during [start, end], flat after."""
+    gen, s_ptl, c_ptl, s_e2e, c_e2e, running, draft, acc = ([] for _ in range(8))
+    for t in scrape_times(start - 10, end + 10):
+        dt = min(max(t - start, 0.0), end - start)
+        n_req = int(dt // req_every)
+        gen.append((t, 1000 + tokens_per_s * dt))
+        s_ptl.append((t, 5 + per_token * n_req))
+        c_ptl.append((t, 10 + n_req))
+        s_e2e.append((t, 50 + 1.0 * n_req))
+        c_e2e.append((t, 10 + n_req))
+        running.append((t, 4.0 if start <= t <= end else 0.0))
+        draft.append((t, 400 + 10 * dt))
+        acc.append((t, 100 + 4 * dt))
+    store.add(V.generation_tokens, gen, pod=pod)
+    store.add(V.per_token_latency + "_sum", s_ptl, pod=pod)
+    store.add(V.per_token_latency + "_count", c_ptl, pod=pod)
+    store.add(V.e2e + "_sum", s_e2e, pod=pod)
+    store.add(V.e2e + "_count", c_e2e, pod=pod)
+    store.add(V.running, running, pod=pod)
+    if spec:
+        store.add(V.draft_tokens, draft, pod=pod)
+        store.add(V.accepted_tokens, acc, pod=pod)
+
+
+def test_window_values_are_exact_increases():
+    store = SeriesStore()
+    engine_series(store)
+    o = obs.observe(store, V, SEL, 100.0, 120.0, interval_s=5.0, now=200.0)
+    assert o.output_tokens.ok and o.output_tokens.value == pytest.approx(50 * 20)
+    assert o.output_tokens_per_s.value == pytest.approx(50.0)
+    assert o.requests.value == 10
+    assert o.per_token_latency_s.value == pytest.approx(0.02)
+    assert o.per_token_latency_source == "per_token_histogram"
+    assert o.e2e_s.value == pytest.approx(1.0)
+    assert o.acceptance_rate.value == pytest.approx(0.4)
+    assert o.mean_running.value == pytest.approx(4.0)
+    # a histogram the store lacks is missing, with a reason, not zero
+    assert o.ttft_s.state is State.MISSING and "no series" in o.ttft_s.reason
+    assert o.ttft_s.value is None
+    # intervals: 4 intervals of 5 s at 50 tokens/s
+    assert o.intervals.output_tokens_per_s == pytest.approx([50.0] * 4)
+    assert sum(o.intervals.output_tokens) == pytest.approx(1000)
+    assert all(x == pytest.approx(0.02) for x in o.intervals.per_token_latency_s if x is not None)
+    assert o.complete()
+    d = o.to_dict()
+    assert d["role"] == "canary" and d["per_token_latency_s"]["state"] == "ok"
+
+
+def test_two_pods_sum_and_running_is_per_pod():
+    store = SeriesStore()
+    engine_series(store, pod="a")
+    engine_series(store, pod="b", tokens_per_s=30.0)
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert o.output_tokens_per_s.value == pytest.approx(80.0)
+    assert o.mean_running.value == pytest.approx(4.0)   # per engine, not summed
+
+
+def test_counter_reset_inside_window_is_added_not_negative():
+    pts = [(98.0, 500.0), (100.0, 510.0), (105.0, 560.0), (106.0, 5.0), (110.0, 45.0), (121.0, 45.0)]
+    inc, base, end, born = obs._counter_increase(pts, 100.0, 120.0)
+    assert inc == pytest.approx(50 + 5 + 40)
+    assert base == (100.0, 510.0) and end == (121.0, 45.0) and not born
+
+
+def test_series_born_inside_window_counts_from_zero():
+    store = SeriesStore()
+    store.add(V.generation_tokens, [(t, 10.0 * (t - 105)) for t in scrape_times(105, 125)])
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert o.output_tokens.value == pytest.approx(150.0)
+    assert any("started inside the window" in n for n in o.notes)
+
+
+def test_empty_window_is_missing_not_zero():
+    store = SeriesStore()
+    engine_series(store)
+    o = obs.observe(store, V, SEL, 123.0, 128.0, now=300.0)   # counters flat: nothing happened
+    for v in (o.output_tokens_per_s, o.per_token_latency_s, o.requests, o.e2e_s, o.acceptance_rate):
+        assert v.state is State.MISSING and v.value is None, v
+    assert "no tokens generated" in o.output_tokens_per_s.reason
+    assert "no requests finished" in o.per_token_latency_s.reason
+    with pytest.raises(obs.NotMeasured):
+        float(o.per_token_latency_s)
+    assert not o.complete()
+
+
+def test_no_series_at_all_is_missing():
+    o = obs.observe(SeriesStore(), V, SEL, 100.0, 120.0, now=200.0)
+    assert o.output_tokens_per_s.state is State.MISSING and "no series" in o.output_tokens_per_s.reason
+    assert o.intervals.t == []
+
+
+def test_not_scraped_after_end_is_missing_until_it_is():
+    store = SeriesStore()
+    engine_series(store, end=120.0)
+    # drop every sample after t = 119
+    store.series = [(n, l, [p for p in pts if p[0] <= 119.0]) for n, l, pts in store.series]
+    o = obs.observe(store, V, SEL, 100.0, 119.5, now=119.6)
+    assert o.output_tokens_per_s.state is State.MISSING
+    assert "not scraped since the window end" in o.output_tokens_per_s.reason
+
+
+def test_few_requests_are_sparse_with_estimate():
+    store = SeriesStore()
+    engine_series(store, start=100.0, end=104.5, req_every=2.0)   # 2 requests
+    o = obs.observe(store, V, SEL, 100.0, 104.5, now=200.0)
+    assert o.per_token_latency_s.state is State.SPARSE
+    assert o.per_token_latency_s.value == pytest.approx(0.02)
+    assert o.per_token_latency_s.get() is None          # not usable as ok
+    assert "only 2 request(s)" in o.per_token_latency_s.reason
+
+
+def test_speculation_off_gives_missing_acceptance():
+    store = SeriesStore()
+    engine_series(store, spec=False)
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert o.acceptance_rate.state is State.MISSING
+    store = SeriesStore()
+    engine_series(store)
+    # draft counters exist but are flat (speculation off at this batch size)
+    store.series = [(n, l, [(t, 400.0) for t, _ in pts]) if n in (V.draft_tokens, V.accepted_tokens) else (n, l, pts)
+                    for n, l, pts in store.series]
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert o.acceptance_rate.state is State.MISSING and "no draft tokens" in o.acceptance_rate.reason
+
+
+def test_decode_time_fallback_for_per_token_latency():
+    store = SeriesStore()
+    # no per-token histogram; decode time and a request counter
+    gen, dsum, dcnt, ecnt, esum = [], [], [], [], []
+    for t in scrape_times(90, 130):
+        dt = min(max(t - 100, 0.0), 20.0)
+        n = int(dt // 2)
+        gen.append((t, 11.0 * n))        # 11 tokens a request
+        dsum.append((t, 0.5 * n))        # 10 tokens after the first in 0.5 s
+        dcnt.append((t, float(n)))
+        ecnt.append((t, float(n)))
+        esum.append((t, 0.6 * n))
+    store.add(V.generation_tokens, gen)
+    store.add(V.decode_time + "_sum", dsum)
+    store.add(V.decode_time + "_count", dcnt)
+    store.add(V.e2e + "_count", ecnt)
+    store.add(V.e2e + "_sum", esum)
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert o.per_token_latency_source == "decode_time/generated_tokens"
+    assert o.per_token_latency_s.value == pytest.approx(0.05)
+
+
+def test_sglang_acceptance_from_gauge_is_labelled():
+    store = SeriesStore()
+    S = metric_names("sglang")
+    store.add(S.generation_tokens, [(t, 10.0 * t) for t in scrape_times(90, 130)])
+    store.add(S.acceptance_rate_gauge, [(t, 0.3) for t in scrape_times(90, 130)])
+    o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
+    assert o.acceptance_rate.value == pytest.approx(0.3)
+    assert "gauge" in o.acceptance_rate.reason
+    assert o.prefill_time_s.state is State.MISSING and "exports no prefill" in o.prefill_time_s.reason
+
+
+def test_wait_scraped():
+    store = SeriesStore()
+    engine_series(store, end=120.0)
+    assert obs.wait_scraped(store, V, SEL, after=125.0, timeout=1) >= 125.0
+    with pytest.raises(TimeoutError):
+        obs.wait_scraped(store, V, SEL, after=1e9, timeout=0.3, poll_s=0.05)
+
+
+def test_fleet_signals_with_and_without_dcgm():
+    store = SeriesStore()
+    engine_series(store)
+    store.add(V.prefill_time + "_sum", [(t, 0.1 * t) for t in scrape_times(90, 130)])
+    store.add(V.prefill_time + "_count", [(t, 1.0 * t) for t in scrape_times(90, 130)])
+    store.add(V.decode_time + "_sum", [(t, 2.0 * t) for t in scrape_times(90, 130)])
+    store.add(V.decode_time + "_count", [(t, 1.0 * t) for t in scrape_times(90, 130)])
+    f = obs.fleet_signals(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert f.prefill_time_s.value == pytest.approx(0.1) and f.decode_time_s.value == pytest.approx(2.0)
+    assert f.running_max.value == 4.0
+    assert f.sm_active.state is State.MISSING and "default collector set" in f.sm_active.reason
+    sig = f.preflight_signals()
+    assert sig["prefill_seconds"] == pytest.approx(0.1) and sig["sm_active"] is None
+    assert sig["running_batch_quantiles"][0.5] == pytest.approx(4.0)
+
+    # DCGM series by namespace/pod
+    for name, val in (("DCGM_FI_PROF_DRAM_ACTIVE", 0.8), ("DCGM_FI_PROF_SM_ACTIVE", 0.2),
+                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.1), ("DCGM_FI_DEV_GPU_UTIL", 97.0)):
+        store.series.append((name, {"namespace": "inference", "pod": "chat-1", "gpu": "0"},
+                             [(t, val) for t in scrape_times(90, 130)]))
+        store.series.append((name, {"namespace": "other", "pod": "x", "gpu": "0"},
+                             [(t, 0.0) for t in scrape_times(90, 130)]))
+    f = obs.fleet_signals(store, V, SEL, 100.0, 120.0, namespace="inference", pods=["chat-1"], now=200.0)
+    assert f.dram_active.value == pytest.approx(0.8) and f.sm_active.value == pytest.approx(0.2)
+    assert f.gpu_util.value == pytest.approx(97.0)
+    assert f.by_pod["inference/chat-1"]["tensor_active"].value == pytest.approx(0.1)
+    assert any("kernel residency" in n for n in f.notes)
+
+    from lookahead_operator.preflight import preflight
+    p = preflight(f.preflight_signals())
+    assert p.candidate
+
+
+def test_measured_str_and_dict():
+    assert str(Measured.of(0.5, 3, "s")) == "0.5 s"
+    assert "missing" in str(Measured.missing("x"))
+    assert Measured.sparse(1.0, "few", 1).to_dict()["state"] == "sparse"
