@@ -192,7 +192,7 @@ def crd() -> dict:
                     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                     {"name": "Decision", "type": "string", "jsonPath": ".status.decision.action"},
                     {"name": "Crossover", "type": "integer", "jsonPath": ".status.crossoverBatchSize",
-                     "description": "Largest batch size at which lookahead still wins"},
+                     "description": "Smallest measured batch size at which lookahead stops paying"},
                     {"name": "Wave", "type": "integer", "jsonPath": ".status.currentWave"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
@@ -219,13 +219,20 @@ def outputs() -> dict[Path, str]:
     return {CRD_PATH: render(), CHART_CRD_PATH: render_chart()}
 
 
+def _rel(path: Path) -> Path:
+    try:
+        return path.relative_to(REPO_ROOT)
+    except ValueError:
+        return path
+
+
 def check() -> list[str]:
     """Diffs of stale files (empty when everything is fresh)."""
     diffs = []
     for path, want in outputs().items():
         have = path.read_text() if path.exists() else ""
         if have != want:
-            rel = path.relative_to(REPO_ROOT)
+            rel = _rel(path)
             diffs.append("".join(difflib.unified_diff(have.splitlines(True), want.splitlines(True),
                                                       f"{rel} (committed)", f"{rel} (generated)")))
     return diffs
@@ -251,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     for path, text in outputs().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        print(f"wrote {path.relative_to(REPO_ROOT)}")
+        print(f"wrote {_rel(path)}")
     return 0
 
 

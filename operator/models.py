@@ -801,32 +801,33 @@ class Condition(StatusModel):
 
 
 class BatchVerdict(str, Enum):
+    """Per batch size (the values of ``lookahead_operator.decision.BatchOutcome``, plus Inconclusive)."""
+
     Pending = "Pending"            # still measuring
-    Faster = "Faster"              # per-token latency better by >= minLatencyImprovement, throughput within bound
-    NoGain = "NoGain"              # no latency gain worth having, throughput within bound
-    Slower = "Slower"              # per-token latency worse
-    Regressed = "Regressed"        # batched throughput worse than maxThroughputRegression
+    Wins = "Wins"                  # per-token latency better by >= minLatencyImprovement, throughput within bound
+    NoGain = "NoGain"              # latency did not improve by minLatencyImprovement
+    Regresses = "Regresses"        # batched throughput fell by more than maxThroughputRegression
     Inconclusive = "Inconclusive"  # not enough evidence by the deadline
 
 
 class BatchResult(StatusModel):
     """One row of the per-batch-size table: control vs canary at one concurrency.
 
-    Changes are relative, in percent, canary vs control (negative TPOT change = faster);
-    intervals are ``[low, high]`` of that change at ``analysis.confidence``.
+    Changes are relative, canary vs control, as fractions (``tpotChange: -0.37`` = per-token
+    latency 37 % lower); intervals are ``[low, high]`` of that change at ``analysis.confidence``.
     """
 
     batch_size: int = Field(ge=1, description="Concurrent requests.")
     control_tpot_ms: Optional[float] = Field(default=None, description="Control per-token latency, ms.")
     canary_tpot_ms: Optional[float] = Field(default=None, description="Canary per-token latency, ms.")
-    tpot_change: Optional[float] = Field(default=None, description="Canary vs control TPOT change, percent.")
+    tpot_change: Optional[float] = Field(default=None, description="Canary vs control TPOT change, fraction (-0.37 = 37% lower).")
     tpot_interval: Optional[list[float]] = Field(default=None, min_length=2, max_length=2,
-                                                 description="Confidence interval of tpotChange, percent.")
+                                                 description="Confidence interval [low, high] of tpotChange.")
     control_tokens_per_s: Optional[float] = Field(default=None, description="Control generated tokens per second.")
     canary_tokens_per_s: Optional[float] = Field(default=None, description="Canary generated tokens per second.")
-    throughput_change: Optional[float] = Field(default=None, description="Canary vs control throughput change, percent.")
+    throughput_change: Optional[float] = Field(default=None, description="Canary vs control throughput change, fraction.")
     throughput_interval: Optional[list[float]] = Field(default=None, min_length=2, max_length=2,
-                                                       description="Confidence interval of throughputChange, percent.")
+                                                       description="Confidence interval [low, high] of throughputChange.")
     acceptance_rate: Optional[float] = Field(default=None, ge=0, le=1,
                                              description="Accepted / proposed draft tokens on the canary.")
     samples: Optional[int] = Field(default=None, ge=0, description="Completed requests per role behind this row.")
@@ -834,27 +835,36 @@ class BatchResult(StatusModel):
 
 
 class DecisionAction(str, Enum):
+    """The values of ``lookahead_operator.decision.Action``."""
+
     Promote = "Promote"                        # lookahead on at every batch size
-    PromoteRegimeAware = "PromoteRegimeAware"  # on up to the crossover batch size
-    Reject = "Reject"                          # keep the fleet as it is
-    Inconclusive = "Inconclusive"              # deadline passed without a clear answer: do not promote
+    PromoteRegimeAware = "PromoteRegimeAware"  # on below the crossover batch size
+    Rollback = "Rollback"                      # lookahead pays nowhere (or the guard saw a regression)
     NotACandidate = "NotACandidate"            # preflight said no
-    RollBack = "RollBack"                      # guard saw a regression after promotion
+    Inconclusive = "Inconclusive"              # deadline passed without a clear answer: do not promote
+    Wait = "Wait"                              # not decided yet
 
 
-class Regime(StatusModel):
-    """Where lookahead stays on under a regime-aware promotion."""
+class RegimeRange(StatusModel):
+    """Lookahead on (``enabled``) or off for running batch sizes ``start..end`` (inclusive)."""
 
-    max_batch_size: Optional[int] = Field(default=None, ge=0,
-                                          description="Lookahead on while at most this many requests run.")
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    enabled: bool
 
 
 class Decision(StatusModel):
-    id: str = Field(max_length=64, description="Identifies this decision (what `approve` names).")
+    """``lookahead_operator.decision.Decision.to_dict()`` plus when, an id and the promoted config."""
+
+    id: Optional[str] = Field(default=None, max_length=64,
+                              description="Identifies this decision: what `kubectl lookahead approve` names.")
     action: DecisionAction
     reason: str = Field(max_length=MAX_MESSAGE, description="The reason in words, with the numbers.")
-    decided_at: datetime = Field(json_schema_extra={"format": "date-time"})
-    regime: Optional[Regime] = None
+    decided_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
+    crossover_batch_size: Optional[int] = Field(default=None, ge=0,
+                                                description="Smallest measured batch size at which lookahead stops paying.")
+    regime: Optional[list[RegimeRange]] = Field(default=None, description="Where lookahead stays on (regimeAware).")
+    outcomes: Optional[dict[str, str]] = Field(default=None, description="Batch size -> outcome.")
     config: Optional[FreeForm] = Field(default=None, description="The engine config to promote (adapter-specific).")
     evidence: Optional[FreeForm] = Field(default=None, description="Every value behind the decision.")
 
@@ -933,7 +943,7 @@ class LookaheadPolicyStatus(StatusModel):
     batch_sizes: Optional[list[int]] = Field(default=None, description="The batch sizes being measured.")
     batches: Optional[list[BatchResult]] = None
     crossover_batch_size: Optional[int] = Field(
-        default=None, ge=0, description="Largest batch size at which lookahead still wins (0: none).")
+        default=None, ge=0, description="Smallest measured batch size at which lookahead stops paying.")
     decision: Optional[Decision] = None
     current_wave: Optional[int] = Field(default=None, ge=0, description="1-based wave in progress (0: none yet).")
     waves: Optional[list[WaveStatus]] = None
