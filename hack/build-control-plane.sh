@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the real local control plane used by the integration tests and `make cluster-up`:
-#   kube-apiserver, kube-controller-manager (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3)
+#   kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3)
 #   and helm (helm.sh/helm/v4), all from the Go module proxy, pinned by the go.mod/go.sum files
 #   committed under hack/controlplane/{kubernetes,etcd,helm}.
 #
@@ -23,7 +23,7 @@ cache="${LOOKAHEAD_CACHE:-$HOME/.cache/lookahead-rollout}"
 root="$cache/controlplane-$K8S_VERSION"
 bin="$root/bin"
 logs="$root/logs"
-bins=(kube-apiserver kube-controller-manager etcd helm)
+bins=(kube-apiserver kube-controller-manager kubectl etcd helm)
 
 have_all() {
   local b
@@ -59,6 +59,8 @@ echo "control plane: building into $bin with $(go version) (logs in $logs)"
 build() {
   local dir="$1" out="$2" pkg="$3" extra="${4:-}" stamp="${5:-}"
   local t0 t1 log="$logs/$out.log"
+  # The stamp names the package, its version and the exact pins, so a changed go.mod/go.sum rebuilds.
+  stamp="$stamp $(cat "$here/controlplane/$dir/go.mod" "$here/controlplane/$dir/go.sum" | sha256sum | cut -c1-16)"
   if [ -x "$bin/$out" ] && [ -f "$bin/.$out.ok" ] && [ "$(cat "$bin/.$out.ok")" = "$pkg $stamp" ]; then
     echo "  $out: already built"
     return 0
@@ -85,11 +87,13 @@ kxv="-X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go
 build etcd etcd go.etcd.io/etcd/server/v3 "" "$ETCD_VERSION"
 build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kx $kxv" "$K8S_VERSION"
 build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$kx $kxv" "$K8S_VERSION"
+build kubernetes kubectl k8s.io/kubernetes/cmd/kubectl "$kx $kxv" "$K8S_VERSION"
 build helm helm helm.sh/helm/v4/cmd/helm "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "$HELM_VERSION"
 
 echo "$K8S_VERSION $ETCD_VERSION $HELM_VERSION" >"$root/versions"
 end=$(date +%s)
 echo "control plane: built in $((end - start)) s -> $bin"
 "$bin/kube-apiserver" --version
+"$bin/kubectl" version --client | head -1
 "$bin/etcd" --version | head -1
 "$bin/helm" version --short
