@@ -20,6 +20,7 @@ LABEL_TARGET = f"{GROUP}/target"
 LABEL_STEP = f"{GROUP}/step"
 LABEL_GENERATION = f"{GROUP}/generation"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_POD = f"{GROUP}/pod"  # on a guard load Job: the promoted pod it drives
 MANAGED_BY = "lookahead-operator"
 # On a user's Deployment: which policy owns it, and the pod template as it was before we touched it.
 ANNOTATION_OWNER = f"{GROUP}/owned-by"
@@ -150,14 +151,15 @@ def container_port(container: dict, default: int = 8000) -> int:
     return int(ports[0]["containerPort"]) if ports else default
 
 
-def build_load_job(policy: dict, namespace: str, role: str, step: int, batch_size: int, url: str,
-                   duration_s: float, image: str, prompts: str, model: str | None = None) -> dict:
+def build_load_job(policy: dict, namespace: str, role: str, step: int | str, batch_size: int, url: str,
+                   duration_s: float, image: str, prompts: str, model: str | None = None,
+                   extra_labels: dict[str, str] | None = None) -> dict:
     """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role."""
     policy_name = policy["metadata"]["name"]
     generation = int(policy["metadata"].get("generation", 1))
     labels = {LABEL_POLICY: policy_name, LABEL_ROLE: "loadgen", LABEL_STEP: str(step),
               LABEL_GENERATION: str(generation), LABEL_MANAGED_BY: MANAGED_BY,
-              f"{GROUP}/drives": role}
+              f"{GROUP}/drives": role, **(extra_labels or {})}
     args = ["--url", url, "--concurrency", str(batch_size), "--step-duration", f"{int(duration_s)}s",
             "--prompts", prompts, "--json"]
     if model:
@@ -252,6 +254,9 @@ def promote_patch(deployment: dict, transform: ContainerTransform, is_engine: Ca
         raise ValueError(f"refusing to promote {deployment['metadata']['name']}: its original template "
                          "was not saved first")
     template = _with_container(saved, engine_container_index(saved, is_engine), transform)
+    tmeta = template.setdefault("metadata", {})
+    # Pods of the promoted template say so, which lets the guard pick a promoted pod to compare.
+    tmeta["annotations"] = {**(tmeta.get("annotations") or {}), ANNOTATION_PROMOTED: decision_id}
     return {"metadata": {"annotations": {ANNOTATION_PROMOTED: decision_id}},
             "spec": {"template": template}}
 

@@ -103,7 +103,7 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
     elif phase == sm.DECIDING:
         world.decision = measure.decision(spec, status, now, world.targets)
     elif phase in (sm.PROMOTING, sm.GUARDING):
-        world.guard = measure.guard(spec, meta["name"], status, now, world.targets)
+        world.guard = measure.guard(spec, meta["name"], status, now, k.load_jobs(meta["name"]))
     return world
 
 
@@ -151,6 +151,19 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
         source = measure.reference_target(world.targets)
         pods = {role: k.role_pods(source.namespace, world.name, role) for role in b.ROLES}
         for job in measure.load_jobs(spec, body, source.namespace, a["step"], a["batch_size"], pods):
+            k.create_if_absent(job)
+    elif action.kind == sm.ENSURE_GUARD_LOAD:
+        promoted = sorted(t for t in world.targets if t.promoted)
+        if not promoted:
+            return
+        newest = promoted[-1]
+        d = k.get_deployment(*newest.key)
+        pods = [p for p in k.pods(newest.namespace, d["spec"]["selector"].get("matchLabels"))
+                if ((p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
+                    and not p["metadata"].get("deletionTimestamp"))] if d else []
+        source = measure.reference_target(world.targets)
+        control = k.role_pods(source.namespace, world.name, "control")
+        for job in measure.guard_jobs(spec, body, a["wave"], a["batch_size"], pods, control):
             k.create_if_absent(job)
     elif action.kind == sm.DELETE_LOAD:
         k.delete_load_jobs(world.name, a.get("step"))

@@ -92,6 +92,10 @@ class Kube:
         sel = f"{b.LABEL_POLICY}={policy_name},{b.LABEL_ROLE}={role}"
         return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
 
+    def pods(self, namespace: str, selector: dict | None) -> list[dict]:
+        sel = selector_string(selector)
+        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
+
     def load_jobs(self, policy_name: str) -> list[dict]:
         sel = f"{b.LABEL_POLICY}={policy_name},{b.LABEL_ROLE}=loadgen"
         return [self._sanitize(j) for j in self.batch.list_job_for_all_namespaces(label_selector=sel).items]

@@ -309,31 +309,56 @@ def promotion_regime(status: dict) -> int | None:
     return int(regime["maxBatchSize"]) if regime and regime.get("maxBatchSize") else None
 
 
-def guard(spec: Any, policy_name: str, status: dict, now: datetime, targets: list[sm.Target]) -> sm.GuardCheck | None:
-    """Promoted fleet pods vs the control, on per-pod output throughput, since the wave (or the
-    guard) started. A regression beyond the guard's tolerance, with confidence, rolls back."""
+def guard(spec: Any, policy_name: str, status: dict, now: datetime, jobs: list[dict]) -> sm.GuardCheck | None:
+    """A promoted fleet pod vs the control, both driven by the guard's load Jobs at the largest
+    measured batch size, on output throughput since the current guard Jobs started. A regression
+    beyond the guard's tolerance, with confidence, rolls back."""
     progress = status.get("progress") or {}
-    since = progress.get("guardStartedAt") if status.get("phase") == sm.GUARDING else progress.get("waveStartedAt")
-    promoted = [t for t in targets if t.promoted]
-    if not since or not promoted:
-        return None
-    start = datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    wave = f"w{int(progress.get('wave', 0))}"
+    current = [j for j in jobs if j["metadata"]["labels"].get(b.LABEL_STEP) == wave]
+    promoted_job = next((j for j in current if j["metadata"]["labels"].get(f"{b.GROUP}/drives") == "promoted"), None)
+    if promoted_job is None:
+        return sm.GuardCheck(False, "guard: waiting for the guard load to start", enough_data=False)
+    pod_ns = promoted_job["metadata"]["namespace"]
+    pod = promoted_job["metadata"]["labels"][b.LABEL_POD]
+    start = datetime.fromisoformat(str(promoted_job["metadata"]["creationTimestamp"]).replace("Z", "+00:00"))
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=timezone.utc)
     th = thresholds(spec)
     tol = spec.promotion.guard.max_throughput_regression
     tol = parse_fraction(_pct(tol)) if tol is not None else th.max_throughput_regression
     prom = _prom(spec)
     names = engines.metric_names(_engine(status))
     comp = SequentialComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
-    pods = "|".join(f"{t.name}-.*" for t in promoted)
-    namespaces = "|".join(sorted({t.namespace for t in promoted}))
-    comp.add("canary", interval_samples(prom, names, {"namespace": namespaces, "pod": pods}, start, now)["throughput"])
+    start = start + timedelta(seconds=SAMPLE_INTERVAL_S)  # let the closed loop fill
+    comp.add("canary", interval_samples(prom, names, {"namespace": pod_ns, "pod": pod}, start, now)["throughput"])
     comp.add("control", interval_samples(prom, names, role_labels(policy_name, "control"), start, now)["throughput"])
     r = comp.result()
     if r.estimate is None or r.interval is None:
         return sm.GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
-    words = (f"promoted pods' throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
-             f"{r.interval[1] * 100:+.1f}%] vs the control ({int(th.confidence * 100)}% CS, n={r.n_canary}/{r.n_control})")
+    words = (f"promoted pod {pod_ns}/{pod} throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
+             f"{r.interval[1] * 100:+.1f}%] vs the control ({int(th.confidence * 100)}% CS, "
+             f"n={r.n_canary}/{r.n_control})")
     return sm.GuardCheck(r.verdict.value == "Worse", words)
+
+
+def guard_jobs(spec: Any, policy: dict, wave: int, batch_size: int, promoted_pods: list[dict],
+               control_pods: list[dict]) -> list[dict]:
+    """The guard's load: one Job on a ready promoted pod, one on a ready control pod."""
+    duration = _seconds(spec.promotion.guard.duration) + _seconds(spec.promotion.wave_duration)
+    prompts = spec.load.prompts.builtin.value if getattr(spec.load.prompts, "builtin", None) else "chat"
+    image = spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
+    jobs = []
+    for role, pods in (("promoted", promoted_pods), ("control", control_pods)):
+        ready = sorted((p for p in pods if (p.get("status") or {}).get("podIP") and _pod_ready(p)),
+                       key=lambda p: p["metadata"]["name"])
+        if not ready:
+            return []  # both or neither: a one-sided load would compare nothing
+        pod = ready[0]
+        url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
+        jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", batch_size, url,
+                                     duration, image, prompts, extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
+    return jobs
 
 
 def load_jobs(spec: Any, policy: dict, namespace: str, step_index: int, batch_size: int,

@@ -95,6 +95,7 @@ class Action:
 
 CLAIM, RELEASE, ENSURE_ROLES, DELETE_ROLES = "ClaimTargets", "ReleaseTargets", "EnsureRoles", "DeleteRoles"
 ENSURE_LOAD, DELETE_LOAD, PATCH, RESTORE = "EnsureLoadJobs", "DeleteLoadJobs", "PromoteTargets", "RestoreTargets"
+ENSURE_GUARD_LOAD = "EnsureGuardLoad"
 
 
 @dataclass
@@ -409,12 +410,16 @@ def _promoting(b: _Builder) -> None:
     if w.guard is not None and w.guard.regressed:
         _roll_back(b, "GuardRegression", f"wave {wave + 1}: {w.guard.message}")
         return
+    _guard_load(b, wave)
+    if w.guard is not None:
+        b.status["guard"] = {"wave": wave + 1, "message": w.guard.message, "enoughData": w.guard.enough_data}
     wave_guard = _seconds(getattr(w.spec.promotion, "wave_duration", None) or 0)
     if b.elapsed("waveStartedAt") < wave_guard:
         b.cond("WaveReady", True, "Guarding", f"wave {wave + 1} rolled out; guarding it before the next wave")
         b.requeue = 2.0
         return
     if wave + 1 < len(waves):
+        b.act(DELETE_LOAD)
         b.progress.update({"wave": wave + 1, "waveStartedAt": now_rfc3339(w.now)})
         b.requeue = 0.2
         return
@@ -430,11 +435,21 @@ def _mark_promoted(b: _Builder, members: list[tuple[str, str]]) -> None:
     b.status["targets"] = rows
 
 
+def _guard_load(b: _Builder, wave: int) -> None:
+    """In sweep mode the guard drives a promoted pod and the control at the largest measured
+    batch size, where a throughput regression would show."""
+    if b.w.spec.load.mode == "sweep":
+        b.act(ENSURE_GUARD_LOAD, wave=wave, batch_size=max(batch_sizes(b.w)))
+
+
 def _guarding(b: _Builder) -> None:
     w = b.w
     if w.guard is not None and w.guard.regressed:
         _roll_back(b, "GuardRegression", w.guard.message)
         return
+    _guard_load(b, int(b.progress.get("wave", 0)))
+    if w.guard is not None:
+        b.status["guard"] = {"wave": None, "message": w.guard.message, "enoughData": w.guard.enough_data}
     if b.elapsed("guardStartedAt") < _seconds(w.spec.promotion.guard.duration):
         b.requeue = 2.0
         return

@@ -149,8 +149,10 @@ def test_promotion_in_waves_then_guard_then_success():
     # the fleet now shows a promoted; the wave is guarded before the next one
     a_promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
     plan, w = run(replace(w, targets=a_promoted, guard=sm.GuardCheck(False, "ok")))
-    assert kinds(plan) == [] and w.status["currentWave"] == 1
+    assert kinds(plan) == ["EnsureGuardLoad"] and w.status["currentWave"] == 1
+    assert plan.actions[0].args == {"wave": 0, "batch_size": 8}
     plan, w = run(replace(w, now=T0 + timedelta(seconds=11)))
+    assert kinds(plan) == ["EnsureGuardLoad", "DeleteLoadJobs"]
     plan, w = run(w)
     assert kinds(plan) == ["PromoteTargets"] and plan.actions[0].args["targets"] == [("ns", "b")]
     both = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference", promoted=did)]
