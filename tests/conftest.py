@@ -11,6 +11,16 @@ import pytest
 from lookahead_operator.devcluster import DevCluster, DevClusterError, DevPrometheus
 
 
+def _start(component) -> str | None:
+    """Start a DevCluster/DevPrometheus; on failure clean it up and return the reason."""
+    try:
+        component.start()
+    except (DevClusterError, TimeoutError) as exc:
+        component.stop()
+        return str(exc)
+    return None
+
+
 @pytest.fixture(scope="session")
 def devcluster():
     """A running DevCluster (etcd + kube-apiserver + kube-controller-manager).
@@ -18,10 +28,9 @@ def devcluster():
     Has ``.kubeconfig`` (path), ``.server`` (URL), ``.api_client()``.
     """
     cluster = DevCluster()
-    try:
-        cluster.start()
-    except (DevClusterError, TimeoutError) as exc:
-        pytest.fail(f"could not start the local control plane: {exc}", pytrace=False)
+    failure = _start(cluster)
+    if failure:
+        pytest.fail(f"could not start the local control plane: {failure}", pytrace=False)
     yield cluster
     cluster.stop()
 
@@ -38,10 +47,9 @@ def kube_api(devcluster):
 def prometheus():
     """A running DevPrometheus; tests point it at targets with ``set_targets``."""
     prom = DevPrometheus()
-    try:
-        prom.start()
-    except (DevClusterError, TimeoutError) as exc:
-        pytest.fail(f"could not start Prometheus: {exc}", pytrace=False)
+    failure = _start(prom)
+    if failure:
+        pytest.fail(f"could not start Prometheus: {failure}", pytrace=False)
     yield prom
     prom.stop()
 
