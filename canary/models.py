@@ -87,6 +87,14 @@ def _save_atomic(model, tok, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     if model is not None:
+        # The GGUF was dequantised to plain nn.Linear weights (no packed kernels are installed);
+        # transformers still marks the model as "quantized with gguf" and refuses to save it.
+        # Drop the marker so save_pretrained writes ordinary safetensors.
+        if any(type(m).__name__.startswith("Gguf") for m in model.modules()):
+            raise RuntimeError("GGUF weights are still packed; cannot cache them as safetensors")
+        model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
         model.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
     try:
