@@ -1,0 +1,350 @@
+"""The generated LookaheadPolicy CRD against the real kube-apiserver.
+
+The apiserver itself must enforce the API: defaults, ranges, enums and the CEL cross-field rules.
+Every invalid policy is refused with a 422 that names the field, and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from lookahead_operator import models
+from lookahead_operator.models import LookaheadPolicySpec, LookaheadPolicyStatus
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "lookaheadpolicies.yaml"
+EXAMPLE = REPO / "examples" / "chat-fleet.yaml"
+G, V, P = models.GROUP, models.VERSION, models.PLURAL
+
+
+def install_crd(api: client.ApiClient, timeout: float = 30.0) -> client.V1CustomResourceDefinition:
+    """Create (or replace) the CRD from crds/ and wait until it is Established."""
+    ext = client.ApiextensionsV1Api(api)
+    body = yaml.safe_load(CRD_FILE.read_text())
+    name = body["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(name)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, body)
+    deadline = time.monotonic() + timeout
+    while True:
+        crd = ext.read_custom_resource_definition(name)
+        conds = {c.type: c.status for c in (crd.status.conditions or [])} if crd.status else {}
+        if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"CRD not Established after {timeout}s: {conds}")
+        time.sleep(0.2)
+    # The group/version is served once discovery has it.
+    while True:
+        try:
+            client.CustomObjectsApi(api).list_cluster_custom_object(G, V, P, limit=1)
+            return crd
+        except ApiException as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def crd(kube_api):
+    return install_crd(kube_api)
+
+
+@pytest.fixture(scope="module")
+def namespace(kube_api, crd):
+    name = f"crd-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(kube_api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture()
+def objects(kube_api):
+    return client.CustomObjectsApi(kube_api)
+
+
+def example_body(name: str, namespace: str) -> dict:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"] = {"name": name, "namespace": namespace}
+    return body
+
+
+def minimal_body(name: str, namespace: str) -> dict:
+    return {"apiVersion": models.API_VERSION, "kind": models.KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"targets": {"selector": {"matchLabels": {"app": "llm-chat"}}}}}
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+# ------------------------------------------------------------------------------------------
+
+def test_crd_installs_and_is_established(kube_api, crd):
+    assert crd.spec.names.short_names == ["lap"]
+    assert crd.spec.scope == "Namespaced"
+    # Discovery serves the resource with its short name and the status subresource.
+    resources = client.CustomObjectsApi(kube_api).get_api_resources(G, V).resources
+    by_name = {r.name: r for r in resources}
+    assert by_name[P].short_names == ["lap"] and by_name[P].namespaced
+    assert f"{P}/status" in by_name
+    assert models.CATEGORIES[0] in (by_name[P].categories or [])
+
+
+def test_example_policy_is_accepted_with_defaults(objects, namespace):
+    name = _unique("chat-fleet")
+    created = objects.create_namespaced_custom_object(G, V, namespace, P, example_body(name, namespace))
+    stored = objects.get_namespaced_custom_object(G, V, namespace, P, name)
+    assert stored["metadata"]["uid"] == created["metadata"]["uid"]
+    spec = stored["spec"]
+    # Fields the example leaves out were filled in by the apiserver from the CRD's defaults.
+    assert spec["lookahead"]["numSpeculativeTokens"] == 4
+    assert spec["lookahead"]["promptLookupMin"] == 2 and spec["lookahead"]["promptLookupMax"] == 5
+    assert spec["load"]["warmup"] == "30s" and spec["load"]["minSamplesPerStep"] == 50
+    assert spec["promotion"]["waveDuration"] == "5m" and spec["promotion"]["requireApproval"] is False
+    # The operator reads exactly what the apiserver stores, and the two agree on every default.
+    model = LookaheadPolicySpec.model_validate(spec)
+    assert model.to_dict() == spec
+    assert LookaheadPolicySpec.model_validate(example_body(name, namespace)["spec"]).to_dict() == spec
+
+
+def test_minimal_policy_gets_every_default(objects, namespace):
+    name = _unique("minimal")
+    objects.create_namespaced_custom_object(G, V, namespace, P, minimal_body(name, namespace))
+    spec = objects.get_namespaced_custom_object(G, V, namespace, P, name)["spec"]
+    assert spec == LookaheadPolicySpec.model_validate(minimal_body(name, namespace)["spec"]).to_dict()
+    assert spec["engine"] == "auto" and spec["paused"] is False
+    assert spec["lookahead"] == {"method": "jacobi", "window": 7, "ngram": 5, "guessSet": 7,
+                                 "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5}
+    assert spec["load"]["prompts"] == {"builtin": "chat"} and "batchSizes" not in spec["load"]
+    assert spec["analysis"]["maxThroughputRegression"] == "2%" and spec["analysis"]["confidence"] == 0.99
+    assert spec["promotion"]["waves"] == ["10%", "50%", "100%"]
+    assert spec["promotion"]["guard"] == {"duration": "10m"}
+
+
+def _set(spec: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        spec = spec.setdefault(p, {})
+    if value is _DELETE:
+        del spec[leaf]
+    else:
+        spec[leaf] = value
+
+
+_DELETE = object()
+
+# Valid variants: the schema must not refuse what the API promises.
+VALID = {
+    "ngram-on-vllm": {"engine": "vllm", "lookahead.method": "ngram", "lookahead.numSpeculativeTokens": 6},
+    "explicit-batch-sizes": {"load.batchSizes": [1, 2, 4, 8, 16, 64]},
+    "live-mode": {"load.mode": "live", "load.livePercent": "5%"},
+    "integer-percents-and-waves": {"analysis.maxThroughputRegression": 3, "promotion.waves": [25, "50%", 100]},
+    "fractional-percent-string": {"analysis.minLatencyImprovement": "7.5%"},
+    "configmap-prompts": {"load.prompts": {"configMapRef": {"name": "team-prompts", "key": "prompts.jsonl"}}},
+    "match-expressions-only": {"targets.selector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["llm-chat", "llm-code"]},
+        {"key": "canary", "operator": "DoesNotExist"}]}},
+    "all-namespaces": {"targets.namespaceSelector": {}, "targets.namespaces": ["a", "b"]},
+    "analysis-only-one-wave": {"promotion.mode": "analysisOnly", "promotion.waves": ["100%"]},
+    "reference-engine-jacobi": {"engine": "reference", "lookahead.window": 15, "lookahead.guessSet": 15},
+}
+
+
+@pytest.mark.parametrize("case", list(VALID))
+def test_valid_variants_are_accepted(objects, namespace, case):
+    body = example_body(_unique(case), namespace)
+    for dotted, value in VALID[case].items():
+        _set(body["spec"], dotted, value)
+    objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    stored = objects.get_namespaced_custom_object(G, V, namespace, P, body["metadata"]["name"])
+    LookaheadPolicySpec.model_validate(stored["spec"])  # and the operator can read it
+
+
+# (overrides on the example, the field the apiserver's message must name)
+INVALID = {
+    "missing-targets": ({"targets": _DELETE}, "spec.targets"),
+    "empty-selector": ({"targets.selector": {}}, "spec.targets.selector"),
+    "in-without-values": ({"targets.selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
+                          "spec.targets.selector.matchExpressions[0].values"),
+    "unknown-engine": ({"engine": "tensorrt"}, "spec.engine"),
+    "unknown-method": ({"lookahead.method": "medusa"}, "spec.lookahead.method"),
+    "negative-window": ({"lookahead.window": -1}, "spec.lookahead.window"),
+    "ngram-below-2": ({"lookahead.ngram": 1}, "spec.lookahead.ngram"),
+    "negative-guess-set": ({"lookahead.guessSet": -3}, "spec.lookahead.guessSet"),
+    "prompt-lookup-min-above-max": ({"lookahead.promptLookupMin": 6, "lookahead.promptLookupMax": 3},
+                                    "spec.lookahead.promptLookupMin"),
+    "jacobi-on-vllm": ({"engine": "vllm"}, "spec.lookahead.method"),
+    "jacobi-token-budget": ({"engine": "reference", "lookahead.window": 64, "lookahead.guessSet": 64,
+                             "lookahead.ngram": 16}, "spec.lookahead.window"),
+    "canary-replicas-0": ({"canary.replicas": 0}, "spec.canary.replicas"),
+    "unknown-load-mode": ({"load.mode": "burst"}, "spec.load.mode"),
+    "batch-sizes-not-increasing": ({"load.batchSizes": [1, 8, 4]}, "spec.load.batchSizes"),
+    "batch-sizes-repeated": ({"load.batchSizes": [1, 4, 4]}, "spec.load.batchSizes"),
+    "batch-size-zero": ({"load.batchSizes": [0, 4]}, "spec.load.batchSizes[0]"),
+    "bad-duration": ({"load.stepDuration": "2 minutes"}, "spec.load.stepDuration"),
+    "warmup-not-shorter-than-step": ({"load.warmup": "2m"}, "spec.load.warmup"),
+    "live-without-percent": ({"load.mode": "live"}, "spec.load.livePercent"),
+    "prompts-both-sources": ({"load.prompts": {"builtin": "chat", "configMapRef": {"name": "p"}}},
+                             "spec.load.prompts"),
+    "throughput-regression-150pct": ({"analysis.maxThroughputRegression": "150%"},
+                                     "spec.analysis.maxThroughputRegression"),
+    "latency-improvement-101": ({"analysis.minLatencyImprovement": 101}, "spec.analysis.minLatencyImprovement"),
+    "percent-as-fraction-number": ({"analysis.maxThroughputRegression": 2.5}, "spec.analysis.maxThroughputRegression"),
+    "confidence-1.5": ({"analysis.confidence": 1.5}, "spec.analysis.confidence"),
+    "confidence-0.5": ({"analysis.confidence": 0.5}, "spec.analysis.confidence"),
+    "deadline-shorter-than-step": ({"analysis.deadline": "1m"}, "spec.analysis.deadline"),
+    "bad-prometheus-url": ({"analysis.prometheus": {"url": "prometheus:9090"}}, "spec.analysis.prometheus.url"),
+    "waves-not-increasing": ({"promotion.waves": ["50%", "10%", "100%"]}, "spec.promotion.waves"),
+    "waves-not-ending-at-100": ({"promotion.waves": ["10%", "50%"]}, "spec.promotion.waves"),
+    "wave-above-100": ({"promotion.waves": ["10%", "150%"]}, "spec.promotion.waves[1]"),
+    "unknown-promotion-mode": ({"promotion.mode": "yolo"}, "spec.promotion.mode"),
+    "bad-guard-duration": ({"promotion.guard": {"duration": "forever"}}, "spec.promotion.guard.duration"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_policy_is_rejected_by_the_apiserver(objects, namespace, case):
+    overrides, field = INVALID[case]
+    name = _unique(case)[:63]
+    body = example_body(name, namespace)
+    for dotted, value in overrides.items():
+        _set(body["spec"], dotted, value)
+    with pytest.raises(ApiException) as err:
+        objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    assert err.value.status == 422, err.value.body
+    status = json.loads(err.value.body)
+    assert status["reason"] == "Invalid"
+    fields = [c.get("field", "") for c in status["details"]["causes"]]
+    assert any(f == field for f in fields), f"{case}: no cause for {field!r} in {fields}: {status['message']}"
+    assert field in status["message"]
+    # Nothing was stored.
+    with pytest.raises(ApiException) as missing:
+        objects.get_namespaced_custom_object(G, V, namespace, P, name)
+    assert missing.value.status == 404
+    # And the Python model refuses the same body (the two validators agree).
+    with pytest.raises(ValueError):
+        LookaheadPolicySpec.model_validate(body["spec"])
+
+
+def test_enough_invalid_cases():
+    assert len(INVALID) >= 12
+
+
+def _status() -> dict:
+    now = datetime(2026, 11, 30, 3, 0, tzinfo=timezone.utc)
+    return LookaheadPolicyStatus.model_validate({
+        "phase": "Promoting",
+        "message": "wave 1 of 3",
+        "observedGeneration": 1,
+        "specFingerprint": "0123456789abcdef",
+        "phaseSince": now,
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Valid", "message": "spec is valid",
+                        "lastTransitionTime": now, "observedGeneration": 1},
+                       {"type": "Candidate", "status": "True", "reason": "DecodeBoundIdleCompute", "message": "",
+                        "lastTransitionTime": now, "observedGeneration": 1}],
+        "preflight": {"candidate": True, "verdict": "DecodeBoundIdleCompute", "reasons": ["decode 92% of request time"],
+                      "missing": ["DCGM_FI_PROF_SM_ACTIVE"], "batchSizes": [1, 4, 16], "checkedAt": now},
+        "targets": [{"namespace": "inference", "name": "chat-reference", "engine": "reference", "promoted": True,
+                     "wave": 1, "savedTemplate": {"metadata": {"labels": {"app": "llm-chat"}},
+                                                  "spec": {"containers": [{"name": "engine", "image": "x:1",
+                                                                           "args": ["--port=8000"]}]}}}],
+        "workloads": [{"kind": "Deployment", "namespace": "inference", "name": "lap-chat-fleet-canary",
+                       "role": "canary", "target": "chat-reference"}],
+        "batchSizes": [1, 4, 16],
+        "batches": [
+            {"batchSize": 1, "controlTpotMs": 21.0, "canaryTpotMs": 13.1, "tpotChange": -0.376,
+             "tpotInterval": [-0.41, -0.33], "controlTokensPerS": 47.6, "canaryTokensPerS": 76.3,
+             "throughputChange": 0.6, "throughputInterval": [0.5, 0.7], "acceptanceRate": 0.42, "samples": 120,
+             "verdict": "Wins"},
+            {"batchSize": 16, "controlTpotMs": 30.0, "canaryTpotMs": 36.0, "tpotChange": 0.2,
+             "tpotInterval": [0.15, 0.25], "throughputChange": -0.17, "throughputInterval": [-0.2, -0.14],
+             "samples": 400, "verdict": "Regresses"}],
+        "crossoverBatchSize": 16,
+        "decision": {"id": "g1-a1b2", "action": "PromoteRegimeAware", "reason": "wins at 1 and 4, regresses at 16",
+                     "decidedAt": now, "crossoverBatchSize": 16,
+                     "regime": [{"start": 1, "end": 15, "enabled": True}, {"start": 16, "end": 256, "enabled": False}],
+                     "outcomes": {"1": "Wins", "4": "Wins", "16": "Regresses"},
+                     "config": {"speculativeConfig": {"method": "jacobi", "window": 7}, "lookaheadMaxBatchSize": 15},
+                     "evidence": {"thresholds": {"maxThroughputRegression": 2.0}}},
+        "currentWave": 1,
+        "waves": [{"index": 1, "percent": 10, "state": "Guarding", "targets": ["inference/chat-reference"],
+                   "startedAt": now, "throughputChange": -0.004},
+                  {"index": 2, "percent": 50}, {"index": 3, "percent": 100}],
+        "gates": {"paused": False, "awaitingApproval": False, "approved": True, "approvedDecision": "g1-a1b2",
+                  "approvedAt": now},
+        "report": "configmap/lap-chat-fleet-report",
+    }).to_dict()
+
+
+def _get_table(api: client.ApiClient, path: str) -> dict:
+    """GET ``path`` as a meta.k8s.io Table (what ``kubectl get`` shows)."""
+    method, url, headers, body, post = api.param_serialize(
+        "GET", path, header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"])
+    resp = api.call_api(method, url, headers, body, post)
+    resp.read()
+    assert resp.status == 200, resp.data
+    return json.loads(resp.data)
+
+
+def test_status_subresource_stores_the_whole_status(kube_api, objects, namespace):
+    name = _unique("status")
+    body = minimal_body(name, namespace)
+    body["status"] = {"phase": "Succeeded"}
+    objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    fresh = objects.get_namespaced_custom_object(G, V, namespace, P, name)
+    assert "status" not in fresh  # status is ignored on create: it belongs to the subresource
+
+    status = _status()
+    objects.patch_namespaced_custom_object_status(G, V, namespace, P, name, {"status": status})
+    stored = objects.get_namespaced_custom_object(G, V, namespace, P, name)
+    assert stored["status"] == status  # nothing pruned, nothing rejected
+    assert LookaheadPolicyStatus.model_validate(stored["status"]).to_dict() == status
+    assert stored["metadata"]["generation"] == fresh["metadata"]["generation"]
+
+    # An invalid status is refused too.
+    with pytest.raises(ApiException) as err:
+        objects.patch_namespaced_custom_object_status(G, V, namespace, P, name, {"status": {"phase": "Dancing"}})
+    assert err.value.status == 422 and "status.phase" in err.value.body
+
+    # Printer columns read the status.
+    resp = _get_table(kube_api, f"/apis/{G}/{V}/namespaces/{namespace}/{P}/{name}")
+    columns = [c["name"] for c in resp["columnDefinitions"]]
+    assert columns == ["Name", "Phase", "Decision", "Crossover", "Wave", "Age"]
+    cells = resp["rows"][0]["cells"]
+    assert cells[:5] == [name, "Promoting", "PromoteRegimeAware", 16, 1]
+
+
+def test_spec_edit_bumps_generation_status_patch_does_not(objects, namespace):
+    name = _unique("gen")
+    objects.create_namespaced_custom_object(G, V, namespace, P, minimal_body(name, namespace))
+    g1 = objects.get_namespaced_custom_object(G, V, namespace, P, name)["metadata"]["generation"]
+    objects.patch_namespaced_custom_object_status(G, V, namespace, P, name, {"status": {"phase": "Preflight"}})
+    assert objects.get_namespaced_custom_object(G, V, namespace, P, name)["metadata"]["generation"] == g1
+    objects.patch_namespaced_custom_object(G, V, namespace, P, name, {"spec": {"lookahead": {"window": 5}}})
+    after = objects.get_namespaced_custom_object(G, V, namespace, P, name)
+    assert after["metadata"]["generation"] == g1 + 1 and after["spec"]["lookahead"]["window"] == 5
+    # An edit that breaks a cross-field rule is refused on update too.
+    with pytest.raises(ApiException) as err:
+        objects.patch_namespaced_custom_object(G, V, namespace, P, name, {"spec": {"promotion": {"waves": ["60%", "50%", "100%"]}}})
+    assert err.value.status == 422 and "spec.promotion.waves" in err.value.body
