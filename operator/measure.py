@@ -182,8 +182,7 @@ def preflight(spec: Any, targets: list[sm.Target]) -> tuple[dict, list[int] | No
 
 
 def _verdict_word(bv: BatchVerdict, th: Thresholds) -> str:
-    return {"Wins": "Faster", "Regresses": "Slower", "NoGain": "NoGain", "Pending": "NotEnoughData"}[
-        bv.outcome(th).value]
+    return bv.outcome(th).value
 
 
 def batch_verdict(spec: Any, policy_name: str, batch_size: int, start: datetime, end: datetime,
@@ -294,9 +293,6 @@ def decision(spec: Any, status: dict, now: datetime, targets: list[sm.Target]) -
             out["config"] = engines.regime_config(engine, spec.lookahead, d.lookahead_max_batch_size)
         except engines.EngineError as exc:
             out["config"] = {"error": str(exc)}
-        out["regime"] = {"maxBatchSize": d.lookahead_max_batch_size}
-    else:
-        out["regime"] = None
     out["evidence"] = {"batches": rows, "deadlinePassed": deadline,
                        "thresholds": {"minLatencyImprovement": th.min_latency_improvement,
                                       "maxThroughputRegression": th.max_throughput_regression,
@@ -305,8 +301,11 @@ def decision(spec: Any, status: dict, now: datetime, targets: list[sm.Target]) -
 
 
 def promotion_regime(status: dict) -> int | None:
-    regime = (status.get("decision") or {}).get("regime")
-    return int(regime["maxBatchSize"]) if regime and regime.get("maxBatchSize") else None
+    """The largest batch size at which lookahead stays on (regime-aware), or None (everywhere)."""
+    d = status.get("decision") or {}
+    if d.get("action") == Action.PROMOTE_REGIME_AWARE.value and d.get("crossoverBatchSize"):
+        return max(1, int(d["crossoverBatchSize"]) - 1)
+    return None
 
 
 def guard(spec: Any, policy_name: str, status: dict, now: datetime, jobs: list[dict]) -> sm.GuardCheck | None:

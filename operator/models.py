@@ -949,6 +949,11 @@ class LookaheadPolicyStatus(StatusModel):
     waves: Optional[list[WaveStatus]] = None
     gates: Optional[Gates] = None
     report: Optional[str] = Field(default=None, max_length=MAX_URL, description="Where the report is (a ConfigMap or URL).")
+    guard: Optional[FreeForm] = Field(default=None, description="The latest guard comparison (promoted vs control).")
+    rollback: Optional[FreeForm] = Field(default=None, description="Why and when the fleet was rolled back, and what was restored.")
+    progress: Optional[FreeForm] = Field(
+        default=None, description="The state machine's bookkeeping (step, wave, timestamps): what a restarted "
+                                  "operator resumes from. See lookahead_operator.statemachine.")
 
 
 class LookaheadPolicy(ApiModel):
