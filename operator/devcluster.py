@@ -12,10 +12,13 @@ second the targets written by ``set_targets`` (file-based service discovery).
 By hand::
 
     python -m lookahead_operator.devcluster up       # prints `export KUBECONFIG=...` and the Prometheus URL
+    export PATH=$LOOKAHEAD_CACHE/controlplane-<version>/bin:$PATH   # kubectl, helm
     python -m lookahead_operator.devcluster status
     python -m lookahead_operator.devcluster down
 
-The state directory (certificates, etcd data, logs, kubeconfig, PIDs) is ``--state-dir``, else
+``up`` also starts the pod harness (``lookahead_operator.podharness``) as a detached process,
+so Pods created by hand run as local processes and annotated ones are scraped by Prometheus
+(``--no-pod-harness`` to skip it). The state directory (certificates, etcd data, logs, kubeconfig, PIDs) is ``--state-dir``, else
 ``$LOOKAHEAD_DEVCLUSTER_DIR``, else ``./.cluster``.
 """
 
@@ -597,7 +600,19 @@ class DevPrometheus:
         except BaseException:
             self.stop()
             raise
+        (self.state_dir / "prometheus.json").write_text(json.dumps({"port": self.port, "pid": self.pid}) + "\n")
         return self
+
+    @classmethod
+    def attach(cls, state_dir: str | os.PathLike[str]) -> "DevPrometheus":
+        """A handle on a Prometheus started (by the CLI) into ``state_dir``. Its ``set_targets``
+        rewrites the whole targets file, so one process at a time should own the targets."""
+        d = Path(state_dir)
+        state = json.loads((d / "prometheus.json").read_text())
+        p = cls(d)
+        p._own_dir = False
+        p.port, p.pid = int(state["port"]), int(state["pid"])
+        return p
 
     def _write_targets(self, groups: list[dict]) -> None:
         tmp = self.targets_file.with_suffix(".tmp")
@@ -686,10 +701,11 @@ def _exports(state: dict) -> str:
         f"export LOOKAHEAD_PROMETHEUS_URL={state['prometheus_url']}\n"
         f"# apiserver: {state['server']}   prometheus: {state['prometheus_url']}\n"
         f"# binaries (kubectl, helm): {state['bin_dir']}"
+        + (f"\n# pods run as local processes; their output: {state['pods_log_dir']}" if state.get("pods_log_dir") else "")
     )
 
 
-def cmd_up(d: Path) -> int:
+def cmd_up(d: Path, harness: bool = True) -> int:
     state = _load_state(d)
     if state and all(_alive(state).values()) and DevCluster.attach(d / "cluster").ready():
         print("# dev cluster already running", file=sys.stderr)
@@ -708,13 +724,21 @@ def cmd_up(d: Path) -> int:
     except BaseException:
         cluster.stop()
         raise
+    pids = {**cluster.pids, "prometheus": prom.pid}
+    if harness:
+        try:
+            pids["pod-harness"] = _start_harness(d, cluster)
+        except BaseException:
+            _stop_state({"pids": pids})
+            raise
     state = {
         "server": cluster.server,
         "kubeconfig": str(cluster.kubeconfig),
         "prometheus_url": prom.url,
         "prometheus_targets_file": str(prom.targets_file),
         "bin_dir": str(control_plane_bin_dir()),
-        "pids": {**cluster.pids, "prometheus": prom.pid},
+        "pods_log_dir": str(d / "pods") if harness else None,
+        "pids": pids,
     }
     (d / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     print(f"# dev cluster up in {time.monotonic() - t0:.1f} s (state: {d})", file=sys.stderr)
@@ -722,11 +746,38 @@ def cmd_up(d: Path) -> int:
     return 0
 
 
+def _start_harness(d: Path, cluster: DevCluster) -> int:
+    """Run ``python -m lookahead_operator.podharness`` detached; wait until its Node is Ready."""
+    proc = _Proc("pod-harness", [
+        sys.executable, "-m", "lookahead_operator.podharness",
+        "--kubeconfig", str(cluster.kubeconfig),
+        "--prometheus-dir", str(d / "prometheus"),
+        "--log-dir", str(d / "pods"),
+        "--workdir", str(Path.cwd()),
+    ], d / "pod-harness.log")
+    from kubernetes import client
+
+    api = cluster.api_client()
+    try:
+        def node_ready() -> bool:
+            node = client.CoreV1Api(api).read_node("lookahead-harness")
+            return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+        wait_for(node_ready, 60, "the pod harness to register its Node", interval=0.2, alive=proc.dead)
+    except BaseException:
+        proc.stop()
+        raise
+    finally:
+        api.close()
+    return proc.pid
+
+
 def _stop_state(state: dict) -> None:
-    order = ["prometheus", "kube-controller-manager", "kube-apiserver", "etcd"]
+    order = ["pod-harness", "prometheus", "kube-controller-manager", "kube-apiserver", "etcd"]
     pids = state.get("pids", {})
     for name in sorted(pids, key=lambda n: order.index(n) if n in order else -1):
-        kill_process_group(int(pids[name]))
+        # The harness stops its Pods' processes on SIGTERM; give it time to.
+        kill_process_group(int(pids[name]), timeout=30 if name == "pod-harness" else 10)
 
 
 def cmd_down(d: Path) -> int:
@@ -759,10 +810,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="default: $LOOKAHEAD_DEVCLUSTER_DIR or ./.cluster")
+    ap.add_argument("--no-pod-harness", action="store_true",
+                    help="up: do not start the pod harness (the kubelet stand-in that runs Pods as local processes)")
     args = ap.parse_args(argv)
     d = (args.state_dir or default_state_dir()).absolute()
     try:
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.command](d)
+        if args.command == "up":
+            return cmd_up(d, harness=not args.no_pod_harness)
+        return {"down": cmd_down, "status": cmd_status}[args.command](d)
     except (DevClusterError, TimeoutError) as exc:
         print(f"devcluster: {exc}", file=sys.stderr)
         return 1

@@ -596,3 +596,37 @@ def alive(pids: Iterable[int]) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lookahead_operator.podharness --kubeconfig FILE [--prometheus-dir DIR]``: run the
+    harness in the foreground until SIGTERM/SIGINT (``devcluster up`` starts it this way)."""
+    import argparse
+    import signal
+
+    from .devcluster import DevPrometheus
+
+    ap = argparse.ArgumentParser(prog="python -m lookahead_operator.podharness", description=main.__doc__)
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--prometheus-dir", help="state dir of a DevPrometheus started by `devcluster up`")
+    ap.add_argument("--node-name", default="lookahead-harness")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--log-dir", default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    prom = DevPrometheus.attach(args.prometheus_dir) if args.prometheus_dir else None
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    harness = PodHarness(kubeconfig=args.kubeconfig, prometheus=prom, node_name=args.node_name,
+                         workdir=args.workdir, log_dir=args.log_dir).start()
+    log.info("pod harness running as node %s", args.node_name)
+    try:
+        done.wait()
+    finally:
+        harness.stop(delete_node=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
