@@ -165,3 +165,36 @@ def test_prometheus_scrapes_a_target_and_answers_queries(prometheus):
         prometheus.set_targets([], source="test_controlplane")
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_cli_up_status_down(tmp_path):
+    """`python -m lookahead_operator.devcluster up|status|down`, as `make cluster-up` runs it."""
+    import subprocess
+    import sys
+
+    from kubernetes import config
+
+    state = tmp_path / "cluster"
+    cli = [sys.executable, "-m", "lookahead_operator.devcluster", "--state-dir", str(state)]
+    up = subprocess.run([*cli[:3], "up", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=180)
+    try:
+        assert up.returncode == 0, up.stderr
+        exports = dict(re.findall(r"^export (\w+)=(\S+)$", up.stdout, re.M))
+        assert Path(exports["KUBECONFIG"]).is_file() and exports["LOOKAHEAD_PROMETHEUS_URL"].startswith("http://127.0.0.1:")
+        status = subprocess.run([*cli[:3], "status", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        api = config.new_client_from_config(config_file=exports["KUBECONFIG"])
+        try:
+            node = client.CoreV1Api(api).read_node("lookahead-harness")  # the detached pod harness
+            assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+        finally:
+            api.close()
+        pids = [int(p) for p in re.findall(r"pid\s+(\d+)\s+running", status.stdout)]
+        assert len(pids) == 5
+    finally:
+        down = subprocess.run([*cli[:3], "down", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    from lookahead_operator.podharness import alive
+
+    assert alive(pids) == []
