@@ -145,3 +145,20 @@ def test_end_to_end_from_samples_to_regime_aware_decision():
     assert d.action is Action.PROMOTE_REGIME_AWARE
     assert d.crossover_batch_size == 16 and d.lookahead_max_batch_size == 15
     assert isinstance(d, Decision)
+
+
+def test_decision_benchmark_methods_on_identical_streams_small():
+    """The benchmark's vectorised 'ours' agrees with the operator code path (checked inside run())
+    and behaves on two clear scenarios; Kayenta always reads 50 samples, ours stops early."""
+    from lookahead_operator import bench_decision as bd
+
+    win_sc = bd.Scenario("grid", "win", 1, 0.7, 1.43, "cv2%", sigma=0.02)
+    reg_sc = bd.Scenario("grid", "reg", 1, 0.7, 0.90, "cv2%", sigma=0.02)
+    rows = bd.run(seeds=20, horizon=300, th=TH, scenarios=[win_sc, reg_sc])
+    (s1, r1), (s2, r2) = rows
+    assert s1.deserves_promotion(TH) and not s2.deserves_promotion(TH) and s2.regression_5pct
+    assert (r1["ours"][0] == bd.PROMOTE).all() and (r2["ours"][0] == bd.ROLLBACK).all()
+    assert (r1["kayenta"][1] == bd.FIXED_HORIZON).all()
+    assert np.median(r1["ours"][1]) < bd.FIXED_HORIZON / 3
+    summary = bd.summarise(rows, TH)
+    assert summary["ours"]["wrong_promotion_rate"] == 0 and summary["ours"]["missed_regression_rate"] == 0
