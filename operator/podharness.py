@@ -26,9 +26,15 @@ Node object against a real ``kube-apiserver`` (see ``lookahead_operator.devclust
 * Status: once started, the Pod is ``Running`` with ``podIP``/``hostIP`` 127.0.0.1. It becomes
   ``Ready`` when every container's ``readinessProbe.httpGet.path`` answers HTTP 200 on
   ``127.0.0.1:PORT`` (probed every 0.2 s), or at once for containers without an HTTP readiness
-  probe. If a process exits, the Pod becomes ``Failed`` (``Succeeded`` if every process exited 0
-  and ``restartPolicy`` is not ``Always``); processes are not restarted, so a ReplicaSet replaces
-  the Pod.
+  probe. When a process exits, the Pod's ``restartPolicy`` decides, as with a kubelet: with
+  ``Always`` (every Deployment Pod), or ``OnFailure`` and a non-zero exit, the container is
+  restarted in place after a doubling back-off of 1 s up to 30 s (state ``waiting``
+  ``CrashLoopBackOff``, ``restartCount`` and ``lastState.terminated`` as a kubelet reports them;
+  the Pod stays ``Running`` but not Ready). Otherwise the container stays terminated, and once
+  all are, the Pod is ``Succeeded`` (all exited 0) or ``Failed``. ``PodHarness(...,
+  restart_containers=False)`` never restarts: the first exit kills the Pod's other processes and
+  marks it ``Failed`` (``Succeeded`` if all exited 0 and ``restartPolicy`` is not ``Always``), so a
+  ReplicaSet replaces it.
 * Deletion: when a Pod gets a ``deletionTimestamp`` (or disappears), its process groups are
   killed (SIGTERM, then SIGKILL after the grace period, at most 10 s) and the Pod object is
   removed (delete with grace period 0, as a kubelet does).
@@ -113,13 +119,47 @@ class _Container:
     name: str
     image: str
     argv: list[str]
+    env: dict[str, str]
+    cwd: Path
     probe_path: str | None
     log_path: Path
     popen: subprocess.Popen | None = None
     ready: bool = False
-    exit_code: int | None = None
+    exit_code: int | None = None  # set once the container is terminated for good
     started_at: _dt.datetime | None = None
     finished_at: _dt.datetime | None = None
+    restart_count: int = 0
+    restart_at: float | None = None  # time.monotonic() of the next start while in CrashLoopBackOff
+    last_state: dict | None = None  # the previous run's "terminated" state, after a restart
+
+    def spawn(self) -> None:
+        self.restart_at = None
+        self.started_at = _now()
+        self.ready = self.probe_path is None
+        try:
+            with open(self.log_path, "ab") as out:
+                self.popen = subprocess.Popen(self.argv, cwd=self.cwd, env={**os.environ, **self.env},
+                                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True)
+        except OSError as exc:
+            self.popen = None
+            self.ready = False
+            with open(self.log_path, "a") as out:
+                out.write(f"podharness: cannot start {self.argv!r}: {exc}\n")
+            raise
+
+    def terminated_state(self, code: int) -> dict:
+        return {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                               "startedAt": _iso(self.started_at or _now()),
+                               "finishedAt": _iso(self.finished_at or _now())}}
+
+    def state(self) -> dict:
+        if self.exit_code is not None:
+            return self.terminated_state(self.exit_code)
+        if self.restart_at is not None:
+            return {"waiting": {"reason": "CrashLoopBackOff",
+                                "message": f"back-off restarting container {self.name} (restart {self.restart_count})"}}
+        return {"running": {"startedAt": _iso(self.started_at or _now())}}
 
 
 @dataclass
@@ -151,6 +191,10 @@ class RunningPod:
     def pids(self) -> list[int]:
         return [c.popen.pid for c in self.containers if c.popen is not None]
 
+    @property
+    def restart_count(self) -> int:
+        return sum(c.restart_count for c in self.containers)
+
     def scrape_target(self) -> dict | None:
         if self.annotations.get(SCRAPE_ANNOTATION, "").lower() != "true":
             return None
@@ -175,6 +219,7 @@ class PodHarness:
         workdir: str | os.PathLike[str] | None = None,
         log_dir: str | os.PathLike[str] | None = None,
         lease_seconds: int = 40,
+        restart_containers: bool = True,
     ):
         if api_client is None:
             if kubeconfig is None:
@@ -192,6 +237,7 @@ class PodHarness:
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="lookahead-podharness-"))
         self.lease_seconds = lease_seconds
+        self.restart_containers = restart_containers
         self._pods: dict[str, RunningPod] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -447,22 +493,15 @@ class PodHarness:
                        NODE_NAME=self.node_name)
             argv = [expand(a, env) for a in [*(c.command or []), *(c.args or [])]]
             probe = c.readiness_probe.http_get if c.readiness_probe and c.readiness_probe.http_get else None
-            cont = _Container(name=c.name, image=c.image or "", argv=argv,
+            cwd = Path(c.working_dir) if c.working_dir and Path(c.working_dir).is_dir() else self.workdir
+            cont = _Container(name=c.name, image=c.image or "", argv=argv, env=env, cwd=cwd,
                               probe_path=(probe.path or "/") if probe else None,
                               log_path=self.log_dir / f"{meta.namespace}_{meta.name}_{c.name}.log")
             rp.containers.append(cont)
-            cwd = Path(c.working_dir) if c.working_dir and Path(c.working_dir).is_dir() else self.workdir
             try:
-                with open(cont.log_path, "ab") as out:
-                    cont.popen = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-                cont.started_at = _now()
-                cont.ready = probe is None
-            except OSError as exc:
-                cont.exit_code = 127
-                cont.finished_at = _now()
-                with open(cont.log_path, "a") as out:
-                    out.write(f"podharness: cannot start {argv!r}: {exc}\n")
+                cont.spawn()
+            except OSError:
+                cont.exit_code, cont.finished_at = 127, _now()
         rp.phase = "Running"
         self._check(rp)
         self._publish_targets()
@@ -478,41 +517,58 @@ class PodHarness:
         if rp.deleting:
             return
         changed = False
+        if rp.phase != "Running":
+            self._report(rp)
+            return
         for cont in rp.containers:
-            if cont.popen is not None and cont.exit_code is None:
-                code = cont.popen.poll()
-                if code is not None:
-                    cont.exit_code, cont.finished_at, cont.ready = code, _now(), False
+            if cont.exit_code is not None:
+                continue
+            if cont.restart_at is not None:
+                if time.monotonic() >= cont.restart_at:
+                    try:
+                        cont.spawn()
+                    except OSError:
+                        cont.exit_code, cont.finished_at = 127, _now()
                     changed = True
-            if cont.exit_code is None and not cont.ready and cont.probe_path is not None:
+                continue
+            code = cont.popen.poll() if cont.popen is not None else None
+            if code is not None:
+                cont.finished_at, cont.ready, cont.popen = _now(), False, None
+                restart = self.restart_containers and (
+                    rp.restart_policy == "Always" or (rp.restart_policy == "OnFailure" and code != 0))
+                if restart:
+                    # Like the kubelet: restart in place after a doubling back-off (here 1 s .. 30 s).
+                    cont.last_state = cont.terminated_state(code)
+                    cont.restart_count += 1
+                    cont.restart_at = time.monotonic() + min(2 ** (cont.restart_count - 1), 30)
+                else:
+                    cont.exit_code = code
+                changed = True
+            elif not cont.ready and cont.probe_path is not None:
                 cont.ready = self._probe(rp, cont)
-        if any(c.exit_code is not None for c in rp.containers) and rp.phase == "Running":
-            ok = all(c.exit_code == 0 for c in rp.containers)
+        done = [c for c in rp.containers if c.exit_code is not None]
+        if done and (len(done) == len(rp.containers) or not self.restart_containers):
+            ok = all(c.exit_code == 0 for c in done) and len(done) == len(rp.containers)
             rp.phase = "Succeeded" if ok and rp.restart_policy != "Always" else "Failed"
-            self._kill(rp)  # a Pod is one unit: stop its other containers too
+            self._kill(rp)  # without restarts a Pod is one unit: stop its other containers too
             changed = True
         self._report(rp)
         if changed:
             self._publish_targets()
 
     def _report(self, rp: RunningPod) -> None:
-        key = (rp.phase, tuple((c.ready, c.exit_code) for c in rp.containers))
+        key = (rp.phase, tuple((c.ready, c.exit_code, c.restart_count, c.restart_at is None) for c in rp.containers))
         if key == rp.reported:
             return
         now = _iso(_now())
         ready = "True" if rp.ready else "False"
         statuses = []
         for c in rp.containers:
-            if c.exit_code is None and c.started_at is not None:
-                state = {"running": {"startedAt": _iso(c.started_at)}}
-            else:
-                state = {"terminated": {"exitCode": c.exit_code if c.exit_code is not None else 127,
-                                        "reason": "Completed" if c.exit_code == 0 else "Error",
-                                        "startedAt": _iso(c.started_at or rp.started_at),
-                                        "finishedAt": _iso(c.finished_at or _now())}}
-            statuses.append({"name": c.name, "image": c.image, "imageID": "", "ready": c.ready,
-                             "started": c.exit_code is None, "restartCount": 0, "state": state,
-                             "containerID": f"podharness://{c.popen.pid if c.popen else 0}"})
+            st = {"name": c.name, "image": c.image, "imageID": "", "ready": c.ready,
+                  "started": c.popen is not None, "restartCount": c.restart_count, "state": c.state(),
+                  "lastState": c.last_state or {},
+                  "containerID": f"podharness://{c.popen.pid if c.popen else 0}"}
+            statuses.append(st)
         status = {
             "phase": rp.phase,
             "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}],
@@ -547,6 +603,8 @@ class PodHarness:
                     pass
                 if cont.exit_code is None:
                     cont.exit_code, cont.finished_at = cont.popen.returncode, _now()
+            elif cont.exit_code is None:  # waiting to restart
+                cont.exit_code, cont.finished_at, cont.restart_at = 137, _now(), None
 
     def _delete(self, rp: RunningPod) -> None:
         with self._lock:

@@ -121,3 +121,27 @@ def test_a_pod_whose_process_exits_is_marked_failed(kube_api, pod_harness):
     assert pod.status.container_statuses[0].state.terminated.exit_code == 3
     assert "bye" in pod_harness.logs(ns, "crash")
     core.delete_namespace(ns)
+
+
+def test_a_crashing_container_is_restarted_with_back_off_like_a_kubelet(kube_api, pod_harness):
+    ns = f"harness-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(kube_api)
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    core.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "crashloop"},
+        "spec": {"restartPolicy": "Always", "containers": [{
+            "name": "crash", "image": "local/python",
+            "command": [sys.executable, "-c", "print('starting'); raise SystemExit(2)"]}]},
+    })
+
+    def restarted_twice():
+        p = core.read_namespaced_pod("crashloop", ns)
+        cs = (p.status.container_statuses or [None])[0]
+        return p if cs is not None and cs.restart_count >= 2 else None
+
+    pod = wait_for(restarted_twice, 60, "the container to be restarted twice")
+    cs = pod.status.container_statuses[0]
+    assert pod.status.phase == "Running" and not cs.ready
+    assert cs.last_state.terminated.exit_code == 2
+    assert pod_harness.logs(ns, "crashloop").count("starting") >= 2
+    core.delete_namespace(ns)
