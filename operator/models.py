@@ -35,7 +35,7 @@ import json
 import math
 import re
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import (
@@ -253,10 +253,14 @@ def _strictly_increasing_cel(items: str) -> str:
 
 
 class ApiModel(BaseModel):
-    """Base of every API model: camelCase wire names, snake_case attributes."""
+    """Base of every API model: camelCase wire names, snake_case attributes.
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              use_enum_values=True)
+    Enum fields always hold the ``StrEnum`` member (so ``spec.engine == "vllm"``,
+    ``f"{spec.engine}"`` and ``spec.engine.value`` all work, whether the value came from YAML or
+    from a default).
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     def to_dict(self, *, exclude_none: bool = True) -> dict[str, Any]:
         """The wire (camelCase JSON) form, ready for a patch body."""
@@ -266,15 +270,14 @@ class ApiModel(BaseModel):
 class StatusModel(ApiModel):
     """Status models ignore unknown keys (a newer operator may have written more)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
-                              use_enum_values=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
 # --------------------------------------------------------------------------------------------
 # spec: targets
 
 
-class SelectorOperator(str, Enum):
+class SelectorOperator(StrEnum):
     In = "In"
     NotIn = "NotIn"
     Exists = "Exists"
@@ -390,14 +393,14 @@ class Targets(ApiModel):
 # spec: engine and lookahead
 
 
-class Engine(str, Enum):
+class Engine(StrEnum):
     auto = "auto"
     vllm = "vllm"
     sglang = "sglang"
     reference = "reference"
 
 
-class LookaheadMethod(str, Enum):
+class LookaheadMethod(StrEnum):
     jacobi = "jacobi"
     ngram = "ngram"
 
@@ -467,12 +470,12 @@ class CanarySpec(ApiModel):
 # spec: load
 
 
-class LoadMode(str, Enum):
+class LoadMode(StrEnum):
     sweep = "sweep"
     live = "live"
 
 
-class BuiltinPrompts(str, Enum):
+class BuiltinPrompts(StrEnum):
     chat = "chat"
     code = "code"
     summarize = "summarize"
@@ -628,7 +631,7 @@ class AnalysisSpec(ApiModel):
         return parse_duration(self.deadline)
 
 
-class PromotionMode(str, Enum):
+class PromotionMode(StrEnum):
     full = "full"
     regimeAware = "regimeAware"
     analysisOnly = "analysisOnly"
@@ -748,7 +751,7 @@ class LookaheadPolicySpec(ApiModel):
 # status
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     Pending = "Pending"
     Preflight = "Preflight"
     Launching = "Launching"
@@ -765,7 +768,7 @@ class Phase(str, Enum):
 TERMINAL_PHASES = frozenset({Phase.Succeeded, Phase.RolledBack, Phase.NotACandidate, Phase.Failed})
 
 
-class ConditionStatus(str, Enum):
+class ConditionStatus(StrEnum):
     true = "True"
     false = "False"
     unknown = "Unknown"
@@ -800,7 +803,7 @@ class Condition(StatusModel):
                                                description="metadata.generation the condition was set for.")
 
 
-class BatchVerdict(str, Enum):
+class BatchVerdict(StrEnum):
     """Per batch size (the values of ``lookahead_operator.decision.BatchOutcome``, plus Inconclusive)."""
 
     Pending = "Pending"            # still measuring
@@ -834,7 +837,7 @@ class BatchResult(StatusModel):
     verdict: BatchVerdict = Field(default=BatchVerdict.Pending)
 
 
-class DecisionAction(str, Enum):
+class DecisionAction(StrEnum):
     """The values of ``lookahead_operator.decision.Action``."""
 
     Promote = "Promote"                        # lookahead on at every batch size
@@ -869,7 +872,7 @@ class Decision(StatusModel):
     evidence: Optional[FreeForm] = Field(default=None, description="Every value behind the decision.")
 
 
-class WaveState(str, Enum):
+class WaveState(StrEnum):
     Pending = "Pending"
     Promoting = "Promoting"
     Guarding = "Guarding"
@@ -959,8 +962,7 @@ class LookaheadPolicyStatus(StatusModel):
 class LookaheadPolicy(ApiModel):
     """A whole object, as the apiserver returns it."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
-                              use_enum_values=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     api_version: Literal["lookahead.dev/v1alpha1"] = API_VERSION
     kind: Literal["LookaheadPolicy"] = KIND

@@ -263,3 +263,12 @@ def test_condition_reason_is_camel_case():
     with pytest.raises(ValidationError):
         Condition.model_validate({"type": "Accepted", "status": "True", "reason": "not ok",
                                   "lastTransitionTime": "2026-11-30T03:00:00Z"})
+
+
+def test_enum_fields_hold_members_whether_given_or_defaulted():
+    given = LookaheadPolicySpec.model_validate(spec_with(engine="reference", **{"load.prompts": {"builtin": "code"}}))
+    default = LookaheadPolicySpec.model_validate(MINIMAL)
+    for spec, engine, prompts in ((given, "reference", "code"), (default, "auto", "chat")):
+        assert spec.engine == engine and spec.engine.value == engine and f"{spec.engine}" == engine
+        assert spec.load.prompts.builtin.value == prompts and spec.lookahead.method.value == "jacobi"
+        assert spec.to_dict()["engine"] == engine
