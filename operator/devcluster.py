@@ -691,8 +691,18 @@ def _load_state(d: Path) -> dict | None:
         return None
 
 
-def _alive(state: dict) -> dict[str, bool]:
-    return {name: _pid_alive(int(pid)) for name, pid in state.get("pids", {}).items()}
+def _ours(pid: int, d: Path) -> bool:
+    """Is ``pid`` still one of the processes started into state dir ``d`` (and not a reused PID)?
+    Every one of them has a path under ``d`` on its command line."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return (str(d).rstrip("/") + "/") in cmdline and _pid_alive(pid)
+
+
+def _alive(state: dict, d: Path) -> dict[str, bool]:
+    return {name: _ours(int(pid), d) for name, pid in state.get("pids", {}).items()}
 
 
 def _exports(state: dict) -> str:
@@ -707,12 +717,12 @@ def _exports(state: dict) -> str:
 
 def cmd_up(d: Path, harness: bool = True) -> int:
     state = _load_state(d)
-    if state and all(_alive(state).values()) and DevCluster.attach(d / "cluster").ready():
+    if state and all(_alive(state, d).values()) and DevCluster.attach(d / "cluster").ready():
         print("# dev cluster already running", file=sys.stderr)
         print(_exports(state))
         return 0
     if state:
-        _stop_state(state)
+        _stop_state(state, d)
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     t0 = time.monotonic()
@@ -729,7 +739,7 @@ def cmd_up(d: Path, harness: bool = True) -> int:
         try:
             pids["pod-harness"] = _start_harness(d, cluster)
         except BaseException:
-            _stop_state({"pids": pids})
+            _stop_state({"pids": pids}, d)
             raise
     state = {
         "server": cluster.server,
@@ -772,12 +782,13 @@ def _start_harness(d: Path, cluster: DevCluster) -> int:
     return proc.pid
 
 
-def _stop_state(state: dict) -> None:
+def _stop_state(state: dict, d: Path) -> None:
     order = ["pod-harness", "prometheus", "kube-controller-manager", "kube-apiserver", "etcd"]
     pids = state.get("pids", {})
     for name in sorted(pids, key=lambda n: order.index(n) if n in order else -1):
-        # The harness stops its Pods' processes on SIGTERM; give it time to.
-        kill_process_group(int(pids[name]), timeout=30 if name == "pod-harness" else 10)
+        if _ours(int(pids[name]), d):
+            # The harness stops its Pods' processes on SIGTERM; give it time to.
+            kill_process_group(int(pids[name]), timeout=30 if name == "pod-harness" else 10)
 
 
 def cmd_down(d: Path) -> int:
@@ -785,7 +796,7 @@ def cmd_down(d: Path) -> int:
     if not state:
         print(f"# no dev cluster state in {d}", file=sys.stderr)
         return 0
-    _stop_state(state)
+    _stop_state(state, d)
     shutil.rmtree(d, ignore_errors=True)
     print(f"# dev cluster stopped and {d} removed", file=sys.stderr)
     return 0
@@ -796,7 +807,7 @@ def cmd_status(d: Path) -> int:
     if not state:
         print(f"not running (no state in {d})")
         return 1
-    alive = _alive(state)
+    alive = _alive(state, d)
     ready = DevCluster.attach(d / "cluster").ready()
     for name, ok in alive.items():
         print(f"{name:26s} pid {state['pids'][name]:>7}  {'running' if ok else 'DEAD'}")
