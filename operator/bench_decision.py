@@ -321,7 +321,7 @@ def summarise(rows, th: Thresholds) -> dict:
     out = {}
     for m in METHODS:
         promos_wrong, n_wrong_den = 0, 0
-        missed, n_reg = 0, 0
+        missed, let_through, n_reg = 0, 0, 0
         promos_right, n_right_den = 0, 0
         inconclusive, total = 0, 0
         samples = []
@@ -339,10 +339,12 @@ def summarise(rows, th: Thresholds) -> dict:
             if sc.regression_5pct:
                 n_reg += outcome.size
                 missed += int((outcome != ROLLBACK).sum())
+                let_through += int((outcome == PROMOTE).sum())
         all_samples = np.concatenate(samples)
         out[m] = {
             "wrong_promotion_rate": promos_wrong / max(n_wrong_den, 1),
-            "missed_regression_rate": missed / max(n_reg, 1),
+            "missed_regression_rate": missed / max(n_reg, 1),  # not rolled back (Inconclusive counts)
+            "promoted_regression_rate": let_through / max(n_reg, 1),  # rolled out to the fleet
             "median_samples_to_decision": float(np.median(all_samples)),
             "mean_samples_to_decision": float(np.mean(all_samples)),
             "samples_ratio_vs_fixed_horizon": float(np.median(all_samples)) / FIXED_HORIZON,
@@ -410,14 +412,16 @@ def render(summary: dict, by_noise: dict, by_source: dict, regime: dict, meta: d
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=140)
+    con = Console(width=170)
     t = Table(title=f"Decision benchmark ({meta['runs_per_method']} runs per method, {meta['seeds']} seeds per scenario)")
-    for col in ("method", "wrong promotions", "missed 5% regressions", "correct promotions", "inconclusive",
+    for col in ("method", "wrong promotions", "missed 5% regressions", "5% regressions promoted",
+                "correct promotions", "inconclusive",
                 "median samples/arm", "mean samples/arm", "vs fixed horizon"):
         t.add_column(col, justify="right" if col != "method" else "left")
     for m in METHODS:
         s = summary[m]
         t.add_row(m, f"{s['wrong_promotion_rate']:.2%}", f"{s['missed_regression_rate']:.2%}",
+                  f"{s['promoted_regression_rate']:.2%}",
                   f"{s['correct_promotion_rate']:.1%}", f"{s['inconclusive_rate']:.1%}",
                   f"{s['median_samples_to_decision']:.0f}", f"{s['mean_samples_to_decision']:.1f}",
                   f"{s['samples_ratio_vs_fixed_horizon']:.2f}")
