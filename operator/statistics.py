@@ -248,6 +248,16 @@ class _Welford:
         self.mean += delta / self.n
         self.m2 += delta * (x - self.mean)
 
+    def merge(self, n: int, mean: float, m2: float) -> None:
+        """Chan et al.'s parallel update: fold in a block summarised as (n, mean, M2)."""
+        if n <= 0:
+            return
+        tot = self.n + n
+        delta = mean - self.mean
+        self.mean += delta * n / tot
+        self.m2 += m2 + delta * delta * self.n * n / tot
+        self.n = tot
+
     @property
     def var(self) -> float:
         return self.m2 / (self.n - 1) if self.n >= 2 else math.nan
@@ -299,6 +309,37 @@ class SequentialComparison:
         arm = self._arms[role]
         for x in samples:
             arm.add(x)
+
+    def add_summary(self, role: str, n: int, mean: float, variance: float) -> None:
+        """Fold in `n` samples known only by their mean and unbiased variance (e.g. a block the
+        operator already reduced). Rejected (ignored) when not finite or not positive."""
+        if role not in self._arms:
+            raise ValueError(f"role must be 'control' or 'canary', got {role!r}")
+        n = int(n)
+        if n <= 0:
+            return
+        var = float(variance) if n >= 2 else 0.0
+        if not (math.isfinite(mean) and mean > 0 and math.isfinite(var) and var >= 0):
+            self._arms[role].rejected += n
+            return
+        self._arms[role].merge(n, float(mean), var * (n - 1))
+
+    def state(self) -> dict:
+        """A JSON-ready snapshot (for the policy's status or a restart); see `from_state`."""
+        return {
+            "metric": self.metric, "direction": self.direction.value, "threshold": self.threshold,
+            "confidence": self.confidence, "minSamples": self.min_samples, "tau": self.tau,
+            "arms": {r: {"n": a.n, "mean": a.mean, "m2": a.m2, "rejected": a.rejected} for r, a in self._arms.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "SequentialComparison":
+        c = cls(state["metric"], state["direction"], state["threshold"], state["confidence"],
+                state["minSamples"], mixture_scale=state["tau"])
+        for role, a in state["arms"].items():
+            arm = c._arms[role]
+            arm.n, arm.mean, arm.m2, arm.rejected = int(a["n"]), float(a["mean"]), float(a["m2"]), int(a["rejected"])
+        return c
 
     def add_control(self, samples: Iterable[float] | float) -> None:
         self.add("control", samples)

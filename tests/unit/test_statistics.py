@@ -165,3 +165,23 @@ def test_result_to_dict_is_json_ready():
     assert d["verdict"] == "Better" and d["direction"] == "lower" and len(d["interval"]) == 2
     json.dumps(d)
     assert isinstance(r, ComparisonResult) and r.direction is Direction.LOWER_IS_BETTER
+
+
+def test_summaries_and_state_round_trip_equal_raw_samples():
+    import json
+
+    rng = np.random.default_rng(7)
+    a, b = rng.lognormal(0, 0.1, 37), rng.lognormal(-0.2, 0.1, 41)
+    raw = _feed(_lat(), a, b)
+    summ = _lat()
+    for role, x in (("control", a), ("canary", b)):
+        summ.add(role, x[:5])  # mix raw samples and a summarised block
+        summ.add_summary(role, len(x) - 5, float(np.mean(x[5:])), float(np.var(x[5:], ddof=1)))
+    r = summ.result()
+    assert r.n_control == 37 and r.n_canary == 41
+    assert r.estimate == pytest.approx(raw.estimate) and r.interval == pytest.approx(raw.interval)
+    back = SequentialComparison.from_state(json.loads(json.dumps(summ.state())))
+    assert back.result() == r
+    bad = _lat()
+    bad.add_summary("control", 20, math.nan, 1.0)
+    assert bad.n == (0, 0)
