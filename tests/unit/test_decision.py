@@ -162,3 +162,13 @@ def test_decision_benchmark_methods_on_identical_streams_small():
     assert np.median(r1["ours"][1]) < bd.FIXED_HORIZON / 3
     summary = bd.summarise(rows, TH)
     assert summary["ours"]["wrong_promotion_rate"] == 0 and summary["ours"]["missed_regression_rate"] == 0
+
+
+def test_batch_status_row():
+    row = win(1).to_status(TH)
+    assert row["batchSize"] == 1 and row["verdict"] == "Wins" and row["tpotChange"] == -0.31
+    assert row["tpotInterval"] == [-0.35, -0.27] and row["acceptanceRate"] == 0.42
+    assert row["controlTpotMs"] == 1000.0  # control_mean 1.0 s in the hand-made result
+    p = pending(2).to_status(TH)
+    assert p["verdict"] == "Pending" and p["tpotInterval"] is None and p["tpotChange"] is None
+    json.dumps(p)
