@@ -348,3 +348,32 @@ def test_spec_edit_bumps_generation_status_patch_does_not(objects, namespace):
     with pytest.raises(ApiException) as err:
         objects.patch_namespaced_custom_object(G, V, namespace, P, name, {"spec": {"promotion": {"waves": ["60%", "50%", "100%"]}}})
     assert err.value.status == 422 and "spec.promotion.waves" in err.value.body
+
+
+def test_example_fleet_applies_and_the_example_policy_selects_its_reference_deployment(kube_api, namespace):
+    """examples/fleet-deployment.yaml is valid for the apiserver (server-side dry run; the
+    Deployments into this test's namespace, since the dry-run Namespace is not created), and the
+    example policy's selectors pick exactly the reference-engine Deployment in it."""
+    from kubernetes.dynamic import DynamicClient
+
+    from lookahead_operator.engines import detect_engine
+
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / "fleet-deployment.yaml").read_text()) if d]
+    dyn = DynamicClient(kube_api)
+    for doc in docs:
+        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        ns = namespace if resource.namespaced else None
+        body = copy.deepcopy(doc)
+        if ns:
+            body["metadata"]["namespace"] = ns
+        out = dyn.server_side_apply(resource, body=body, name=doc["metadata"]["name"], namespace=ns,
+                                    field_manager="lookahead-example-test", dry_run="All")
+        assert out.metadata.name == doc["metadata"]["name"]
+    policy = models.LookaheadPolicy.from_body(yaml.safe_load(EXAMPLE.read_text()))
+    (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert policy.spec.targets.namespace_selector.matches(namespace["metadata"]["labels"])
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert {name: detect_engine(d["spec"]["template"]) for name, d in deployments.items()} == {
+        "chat-vllm": "vllm", "chat-reference": "reference"}
+    selected = [n for n, d in deployments.items() if policy.spec.targets.selector.matches(d["metadata"]["labels"])]
+    assert selected == ["chat-reference"]
