@@ -25,6 +25,7 @@ so Pods created by hand run as local processes and annotated ones are scraped by
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import contextlib
 import json
@@ -308,8 +309,9 @@ class DevCluster:
     ServiceAccount, and writes an admin kubeconfig. ``stop()`` kills them and, for a temporary
     state dir, removes it. Also a context manager.
 
-    ``detached=True`` leaves the processes running after this Python process exits (used by the
-    CLI); ``DevCluster.attach(state_dir)`` finds them again from ``state.json``.
+    Unless ``detached=True`` (used by the CLI), the processes are also stopped when this Python
+    process exits. ``DevCluster.attach(state_dir)`` finds detached ones again from
+    ``cluster.json``.
     """
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, detached: bool = False,
@@ -366,6 +368,8 @@ class DevCluster:
             raise
         self.started_in = time.monotonic() - t0
         self._write_state()
+        if not self.detached:
+            atexit.register(self.stop)
         return self
 
     def _spawn(self, name: str, argv: Sequence[str]) -> _Proc:
@@ -520,6 +524,7 @@ class DevCluster:
             for pid in reversed(list(self._pids.values())):
                 kill_process_group(pid)
         self._procs.clear()
+        self._pids.clear()
         if self._own_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -546,10 +551,11 @@ class DevPrometheus:
     JOB = "lookahead"
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, scrape_interval: str = "1s",
-                 start_timeout: float = 60.0):
+                 start_timeout: float = 60.0, detached: bool = False):
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-prometheus-"))
         self.scrape_interval = scrape_interval
+        self.detached = detached
         self.start_timeout = start_timeout
         self.config_file = self.state_dir / "prometheus.yml"
         self.targets_file = self.state_dir / "targets.json"
@@ -601,6 +607,8 @@ class DevPrometheus:
             self.stop()
             raise
         (self.state_dir / "prometheus.json").write_text(json.dumps({"port": self.port, "pid": self.pid}) + "\n")
+        if not self.detached:
+            atexit.register(self.stop)
         return self
 
     @classmethod
@@ -609,7 +617,7 @@ class DevPrometheus:
         rewrites the whole targets file, so one process at a time should own the targets."""
         d = Path(state_dir)
         state = json.loads((d / "prometheus.json").read_text())
-        p = cls(d)
+        p = cls(d, detached=True)
         p._own_dir = False
         p.port, p.pid = int(state["port"]), int(state["pid"])
         return p
@@ -666,6 +674,7 @@ class DevPrometheus:
             self._proc = None
         elif self.pid:
             kill_process_group(self.pid)
+        self.pid = None
         if self._own_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -728,7 +737,7 @@ def cmd_up(d: Path, harness: bool = True) -> int:
     t0 = time.monotonic()
     cluster = DevCluster(d / "cluster", detached=True)
     cluster.start()
-    prom = DevPrometheus(d / "prometheus")
+    prom = DevPrometheus(d / "prometheus", detached=True)
     try:
         prom.start()
     except BaseException:
