@@ -1,0 +1,651 @@
+"""The embedded main job: ``kubectl lookahead analyze``.
+
+Starts a control (lookahead off) and a canary (lookahead on) reference engine as local processes
+on the same model -- or uses two engines already running (``--engine-url CONTROL CANARY``) --
+then, for each batch size, drives both with the closed-loop load generator on the same prompt
+stream, in alternating rounds, and feeds
+
+* per-token latency: one sample per request (client-side: (last token - first token) /
+  (completion tokens - 1), tokens counted from the server's usage), and
+* throughput: one sample per interval of the closed loop's steady phase (output tokens/s),
+
+into the anytime-valid sequential comparison (``lookahead_operator.statistics``). A batch size
+stops as soon as its verdict is settled (wins, regresses, no gain), or when its share of the time
+budget is spent, which leaves it Pending. The per-batch verdicts go to
+``lookahead_operator.decision.decide``; the table, the crossover and the decision are printed and a
+report (HTML with PNG plots, JSON) is written.
+
+Engine-side numbers (per-token latency from ``request_time_per_output_token``, acceptance from the
+spec-decode counters) are read from each engine's own ``/metrics`` before and after every round,
+so the client-side numbers can be checked against what the engine recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import httpx
+
+from lookahead_canary import loadgen
+from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
+
+from . import engines
+from .engines import MetricNames
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+DEFAULT_BUDGET_S = 330.0            # measurement budget for all batch sizes (make demo: < 10 min in all)
+DEFAULT_MAX_TOKENS = 48
+DEFAULT_INTERVAL_S = 2.0
+DEFAULT_LOOKAHEAD = {"method": "jacobi", "window": 4, "ngram": 3, "guess_set": 4}
+
+
+class AnalyzeError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# engine processes
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class EngineProcess:
+    """A reference engine (``python3 -m lookahead_canary.server``) as a child process."""
+
+    role: str
+    model: str = "smollm2"
+    speculative_config: str | None = None
+    lookahead_max_batch_size: int | None = None
+    backend: str = "model"
+    sim_config: str | None = None
+    max_num_seqs: int = 32
+    extra_args: list[str] = field(default_factory=list)
+    port: int = 0
+    log_path: Path | None = None
+    popen: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "lookahead_canary.server", "--host", "127.0.0.1", "--port", str(self.port),
+                "--model", self.model, "--max-num-seqs", str(self.max_num_seqs), "--backend", self.backend]
+        if self.speculative_config:
+            argv += ["--speculative-config", self.speculative_config]
+        if self.lookahead_max_batch_size:
+            argv += ["--lookahead-max-batch-size", str(self.lookahead_max_batch_size)]
+        if self.sim_config:
+            argv += ["--sim-config", self.sim_config]
+        return argv + list(self.extra_args)
+
+    def start(self) -> "EngineProcess":
+        if not self.port:
+            self.port = free_port()
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkdtemp(prefix=f"lookahead-{self.role}-")) / "engine.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.popen = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        return self
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])  # type: ignore[union-attr]
+        except OSError:
+            return ""
+
+    def dead(self) -> str | None:
+        if self.popen is None:
+            return f"{self.role} engine was never started"
+        code = self.popen.poll()
+        if code is None:
+            return None
+        return f"{self.role} engine exited with code {code}; last lines of {self.log_path}:\n{self.log_tail()}"
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float = 300.0, poll_s: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            dead = self.dead()
+            if dead:
+                raise AnalyzeError(dead)
+            if time.monotonic() > deadline:
+                raise AnalyzeError(f"{self.role} engine not ready after {timeout:.0f} s; last lines of its log:\n"
+                                   f"{self.log_tail()}")
+            time.sleep(poll_s)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> "EngineProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# engine /metrics snapshots
+
+
+def scrape_metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
+    """``/metrics`` of an engine: sample name -> value summed over label sets (``_bucket`` dropped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith("_bucket") or s.name.endswith("_created"):
+                continue
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    return out
+
+
+def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    if before is None or after is None:
+        return {}
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+def _mean_ci(xs: Sequence[float], z: float = 1.96) -> tuple[float | None, float | None]:
+    """Mean and the half-width of a normal 95% interval of the mean (for error bars)."""
+    if not xs:
+        return None, None
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, None
+    return m, z * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+@dataclass
+class RoleMeasurement:
+    """One role at one batch size, accumulated over rounds."""
+
+    role: str
+    batch_size: int
+    requests: list[RequestResult] = field(default_factory=list)
+    interval_tokens_per_s: list[float] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    output_tokens: int = 0
+    seconds: float = 0.0
+    server: dict[str, float] = field(default_factory=dict)
+    client_warnings: list[str] = field(default_factory=list)
+
+    def add_step(self, step: StepResult, server_delta: dict[str, float]) -> None:
+        self.requests += step.requests
+        self.interval_tokens_per_s += step.interval_output_tokens_per_s
+        self.windows.append((step.start, step.end))
+        self.output_tokens += step.output_tokens
+        self.seconds += step.duration_s
+        for k, v in server_delta.items():
+            self.server[k] = self.server.get(k, 0.0) + v
+        if step.client.bottleneck:
+            self.client_warnings.append(f"round {len(self.windows)}: " + "; ".join(step.client.reasons))
+
+    @property
+    def per_token_s(self) -> list[float]:
+        return [r.per_token_s for r in self.requests if r.ok and r.per_token_s is not None]
+
+    @property
+    def errors(self) -> list[str]:
+        return [r.error or "?" for r in self.requests if not r.ok]
+
+    def server_ratio(self, num: str, den: str) -> float | None:
+        d = self.server.get(den, 0.0)
+        return self.server.get(num, 0.0) / d if d > 0 else None
+
+    def summary(self, m: MetricNames) -> dict:
+        ptl_mean, ptl_ci = _mean_ci(self.per_token_s)
+        tps_mean, tps_ci = _mean_ci(self.interval_tokens_per_s)
+        ttft = [r.ttft_s for r in self.requests if r.ok and r.ttft_s is not None]
+        server_ptl = self.server_ratio(f"{m.per_token_latency}_sum", f"{m.per_token_latency}_count") \
+            if m.per_token_latency else None
+        acceptance = self.server_ratio(m.accepted_tokens, m.draft_tokens) if m.draft_tokens else None
+        return {
+            "role": self.role,
+            "batchSize": self.batch_size,
+            "requests": len(self.requests),
+            "errors": len(self.errors),
+            "outputTokens": self.output_tokens,
+            "seconds": round(self.seconds, 3),
+            "perTokenMs": None if ptl_mean is None else 1e3 * ptl_mean,
+            "perTokenMsCI95": None if ptl_ci is None else 1e3 * ptl_ci,
+            "perTokenSamples": len(self.per_token_s),
+            "tokensPerSecond": self.output_tokens / self.seconds if self.seconds > 0 and self.output_tokens else None,
+            "intervalTokensPerSecondMean": tps_mean,
+            "intervalTokensPerSecondCI95": tps_ci,
+            "throughputSamples": len(self.interval_tokens_per_s),
+            "ttftMs": 1e3 * statistics.fmean(ttft) if ttft else None,
+            "serverPerTokenMs": None if server_ptl is None else 1e3 * server_ptl,
+            "serverGeneratedTokens": self.server.get(m.generation_tokens),
+            "acceptanceRate": acceptance,
+            "draftTokens": self.server.get(m.draft_tokens) if m.draft_tokens else None,
+            "acceptedTokens": self.server.get(m.accepted_tokens) if m.accepted_tokens else None,
+            "windows": [list(w) for w in self.windows],
+            "clientWarnings": self.client_warnings,
+            "errorSamples": self.errors[:3],
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics wiring (one place, so the statistics module can evolve behind it)
+
+
+def make_thresholds(min_latency_improvement: float, max_throughput_regression: float, confidence: float,
+                    min_samples: int):
+    from .statistics import Thresholds
+
+    return Thresholds(min_latency_improvement=min_latency_improvement,
+                      max_throughput_regression=max_throughput_regression,
+                      confidence=confidence, min_samples=min_samples)
+
+
+def compare(control: RoleMeasurement, canary: RoleMeasurement, thresholds) -> tuple[Any, Any]:
+    """(latency ComparisonResult, throughput ComparisonResult) from the samples so far."""
+    from .statistics import SequentialComparison
+
+    lat = SequentialComparison.for_latency(thresholds)
+    lat.add_control(control.per_token_s)
+    lat.add_canary(canary.per_token_s)
+    tp = SequentialComparison.for_throughput(thresholds)
+    tp.add_control(control.interval_tokens_per_s)
+    tp.add_canary(canary.interval_tokens_per_s)
+    return lat.result(), tp.result()
+
+
+def batch_verdict(batch_size: int, latency, throughput, acceptance: float | None):
+    from .decision import BatchVerdict
+
+    return BatchVerdict(batch_size=batch_size, latency=latency, throughput=throughput, acceptance_rate=acceptance)
+
+
+@dataclass
+class BatchResult:
+    batch_size: int
+    control: RoleMeasurement
+    canary: RoleMeasurement
+    latency: Any = None       # statistics.ComparisonResult
+    throughput: Any = None
+    verdict: Any = None       # decision.BatchVerdict
+    outcome: str = "Pending"
+    rounds: int = 0
+    stopped: str = ""
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the sweep
+
+
+@dataclass
+class AnalyzeConfig:
+    model: str = "smollm2"
+    prompts: str = "code"
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    engine_urls: tuple[str, str] | None = None          # (control, canary)
+    engine: str = "reference"
+    lookahead: dict = field(default_factory=lambda: dict(DEFAULT_LOOKAHEAD))
+    backend: str = "model"
+    sim_config: str | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    requests_per_worker: int = 3                        # per round: each of the C workers sends at most this many
+    round_s: float = 6.0                                # per round and role: stop issuing after this (then drain)
+    max_rounds: int = 12
+    budget_s: float = DEFAULT_BUDGET_S
+    interval_s: float = DEFAULT_INTERVAL_S
+    min_latency_improvement: float = 0.05
+    max_throughput_regression: float = 0.02
+    confidence: float = 0.95
+    min_samples: int = 6
+    warmup_requests: int = 2
+    out: Path = Path("reports")
+    engine_start_timeout_s: float = 300.0
+    max_num_seqs: int = 32
+
+
+@dataclass
+class AnalyzeResult:
+    config: AnalyzeConfig
+    batches: list[BatchResult]
+    decision: Any
+    thresholds: Any
+    metric_names: MetricNames
+    engines: dict[str, dict]
+    started_at: float
+    wall_s: float
+    load_s: float
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        m = self.metric_names
+        rows = []
+        for b in self.batches:
+            c, k = b.control.summary(m), b.canary.summary(m)
+            lat, tp = b.latency, b.throughput
+            rows.append({
+                "batchSize": b.batch_size,
+                "verdict": b.outcome,
+                "rounds": b.rounds,
+                "stopped": b.stopped,
+                "seconds": round(b.seconds, 2),
+                "controlTpotMs": c["perTokenMs"],
+                "canaryTpotMs": k["perTokenMs"],
+                "tpotChange": lat.estimate if lat is not None else None,
+                "tpotInterval": list(lat.interval) if lat is not None and lat.interval else None,
+                "controlTokensPerSecond": c["tokensPerSecond"],
+                "canaryTokensPerSecond": k["tokensPerSecond"],
+                "throughputChange": tp.estimate if tp is not None else None,
+                "throughputInterval": list(tp.interval) if tp is not None and tp.interval else None,
+                "acceptanceRate": k["acceptanceRate"],
+                "latency": lat.to_dict() if lat is not None else None,
+                "throughput": tp.to_dict() if tp is not None else None,
+                "control": c,
+                "canary": k,
+            })
+        d = self.decision
+        regime_cfg = None
+        if d is not None and getattr(d, "lookahead_max_batch_size", None):
+            with contextlib.suppress(engines.EngineError):
+                regime_cfg = engines.regime_config(self.config.engine, self.config.lookahead,
+                                                   d.lookahead_max_batch_size)
+        return {
+            "kind": "LookaheadAnalysis",
+            "version": 1,
+            "startedAt": self.started_at,
+            "wallSeconds": round(self.wall_s, 2),
+            "engineStartSeconds": round(self.load_s, 2),
+            "model": self.config.model,
+            "backend": self.config.backend,
+            "engine": self.config.engine,
+            "prompts": self.config.prompts,
+            "maxTokens": self.config.max_tokens,
+            "lookahead": self.config.lookahead,
+            "batchSizes": list(self.config.batch_sizes),
+            "thresholds": {
+                "minLatencyImprovement": self.thresholds.min_latency_improvement,
+                "maxThroughputRegression": self.thresholds.max_throughput_regression,
+                "confidence": self.thresholds.confidence,
+                "minSamples": self.thresholds.min_samples,
+            },
+            "method": {
+                "latencySamples": "per request: (last token - first token) / (usage completion_tokens - 1), client-side",
+                "throughputSamples": f"output tokens/s per {self.config.interval_s:g} s interval of the closed loop",
+                "statistics": "anytime-valid normal-mixture confidence sequence on the log ratio of means",
+            },
+            "engines": self.engines,
+            "batches": rows,
+            "crossoverBatchSize": d.crossover_batch_size if d is not None else None,
+            "decision": d.to_dict() if d is not None else None,
+            "regimeConfig": regime_cfg,
+            "files": self.files,
+        }
+
+
+ProgressFn = Callable[[str], None]
+
+
+async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
+                         prompts: Sequence[Prompt], c: int, cfg: AnalyzeConfig, thresholds, m: MetricNames,
+                         budget_s: float, log: ProgressFn) -> BatchResult:
+    res = BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
+    t0 = time.monotonic()
+    offset = 0
+    per_round = c * cfg.requests_per_worker
+    last_round_s = 0.0
+    while True:
+        r0 = time.monotonic()
+        # alternate which role goes first, so a slow drift does not favour one of them
+        order = ("control", "canary") if res.rounds % 2 == 0 else ("canary", "control")
+        for role in order:
+            meas = res.control if role == "control" else res.canary
+            before = after = None
+            with contextlib.suppress(Exception):   # an engine without /metrics: client-side numbers only
+                before = await asyncio.to_thread(scrape_metrics, urls[role])
+            step = await loadgen.run_step(client, urls[role], models[role], prompts, c, requests_per_step=per_round,
+                                          step_duration=cfg.round_s, prompt_offset=offset,
+                                          interval_s=cfg.interval_s)
+            with contextlib.suppress(Exception):
+                after = await asyncio.to_thread(scrape_metrics, urls[role])
+            meas.add_step(step, metrics_delta(before, after))
+            if step.errors and not step.completed:
+                raise AnalyzeError(f"every request to the {role} engine failed at batch {c}: "
+                                   f"{step.requests[0].error}")
+        # the next round starts where the longer of the two left off, so both see the same prompts
+        offset = max(len(res.control.requests), len(res.canary.requests))
+        res.rounds += 1
+        last_round_s = time.monotonic() - r0
+        res.latency, res.throughput = compare(res.control, res.canary, thresholds)
+        acc = res.canary.server_ratio(m.accepted_tokens, m.draft_tokens) if m.draft_tokens else None
+        res.verdict = batch_verdict(c, res.latency, res.throughput, acc)
+        res.outcome = res.verdict.outcome(thresholds).value
+        elapsed = time.monotonic() - t0
+        log(f"batch {c}: round {res.rounds} ({last_round_s:.1f} s) -> {res.outcome} "
+            f"[latency n={res.latency.n_control}/{res.latency.n_canary}, "
+            f"throughput n={res.throughput.n_control}/{res.throughput.n_canary}]")
+        if res.verdict.settled(thresholds):
+            res.stopped = "settled"
+            break
+        if res.rounds >= cfg.max_rounds:
+            res.stopped = f"max rounds ({cfg.max_rounds})"
+            break
+        if elapsed + last_round_s > budget_s:
+            res.stopped = f"time budget ({budget_s:.0f} s)"
+            break
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+async def _warmup(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
+                  prompts: Sequence[Prompt], n: int) -> None:
+    """A few requests per engine before measuring (first-call costs are not the workload)."""
+    for role, url in urls.items():
+        for i in range(n):
+            r = await loadgen.send_request(client, url, models[role], prompts[i % len(prompts)], 1, i)
+            if not r.ok:
+                raise AnalyzeError(f"warm-up request to the {role} engine at {url} failed: {r.error}")
+
+
+async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Prompt], thresholds,
+                 m: MetricNames, log: ProgressFn) -> list[BatchResult]:
+    batch_sizes = list(cfg.batch_sizes)
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    limits = httpx.Limits(max_connections=max(batch_sizes) * 2 + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        models = {role: await loadgen.discover_model(client, url) for role, url in urls.items()}
+        await _warmup(client, urls, models, prompts, cfg.warmup_requests)
+        t0 = time.monotonic()
+        results = []
+        for i, c in enumerate(batch_sizes):
+            remaining = cfg.budget_s - (time.monotonic() - t0)
+            budget = max(remaining / (len(batch_sizes) - i), 1.0)
+            results.append(await _measure_batch(client, urls, models, prompts, c, cfg, thresholds, m, budget, log))
+        return results
+
+
+def _engine_processes(cfg: AnalyzeConfig, workdir: Path) -> dict[str, EngineProcess]:
+    spec = engines.reference_speculative_config(cfg.lookahead)
+    common = dict(model=cfg.model, backend=cfg.backend, sim_config=cfg.sim_config, max_num_seqs=cfg.max_num_seqs)
+    return {
+        "control": EngineProcess("control", log_path=workdir / "control-engine.log", **common),
+        "canary": EngineProcess("canary", speculative_config=spec, log_path=workdir / "canary-engine.log", **common),
+    }
+
+
+def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> AnalyzeResult:
+    """Start (or attach to) the engines, sweep, decide. Does not write the report."""
+    from .decision import decide
+
+    started_at = time.time()
+    t0 = time.monotonic()
+    m = engines.metric_names(cfg.engine)
+    thresholds = make_thresholds(cfg.min_latency_improvement, cfg.max_throughput_regression, cfg.confidence,
+                                 cfg.min_samples)
+    prompts = loadgen.load_prompts(cfg.prompts, max_tokens=cfg.max_tokens)
+    procs: dict[str, EngineProcess] = {}
+    engines_info: dict[str, dict] = {}
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    try:
+        if cfg.engine_urls:
+            urls = {"control": cfg.engine_urls[0].rstrip("/"), "canary": cfg.engine_urls[1].rstrip("/")}
+            engines_info = {role: {"url": u, "started": False} for role, u in urls.items()}
+        else:
+            if cfg.engine != "reference":
+                raise AnalyzeError("only the reference engine can be started locally; use --engine-url for "
+                                   f"{cfg.engine}")
+            procs = _engine_processes(cfg, cfg.out)
+            for p in procs.values():
+                p.start()
+            log(f"starting control and canary engines (model {cfg.model}, backend {cfg.backend}) ...")
+            for p in procs.values():
+                p.wait_ready(cfg.engine_start_timeout_s)
+            urls = {role: p.url for role, p in procs.items()}
+            engines_info = {role: {"url": p.url, "started": True, "argv": p.argv()[1:], "log": str(p.log_path)}
+                            for role, p in procs.items()}
+        load_s = time.monotonic() - t0
+        log(f"engines ready after {load_s:.1f} s: control {urls['control']}, canary {urls['canary']}")
+        batches = asyncio.run(_sweep(cfg, urls, prompts, thresholds, m, log))
+    finally:
+        for p in procs.values():
+            p.stop()
+    decision = decide([b.verdict for b in batches], thresholds, deadline_passed=True,
+                      max_batch_size=cfg.max_num_seqs if not cfg.engine_urls else None)
+    return AnalyzeResult(config=cfg, batches=batches, decision=decision, thresholds=thresholds, metric_names=m,
+                         engines=engines_info, started_at=started_at, wall_s=time.monotonic() - t0, load_s=load_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# command line (wired into lookahead_operator.cli as `analyze`)
+
+
+def _fraction(text: str) -> float:
+    from .statistics import parse_fraction
+
+    return parse_fraction(text)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="smollm2", help="model for the local engines: smollm2 (default), tiny, or a path")
+    p.add_argument("--prompts", default="code", help="bundled prompt set (chat, code, summarize) or a JSONL file")
+    p.add_argument("--batch-sizes", type=loadgen.parse_concurrencies, default=list(DEFAULT_BATCH_SIZES),
+                   help="comma-separated batch sizes (closed-loop concurrencies), default 1,2,4,8")
+    p.add_argument("--engine-url", nargs=2, metavar=("CONTROL_URL", "CANARY_URL"),
+                   help="use two running engines (control without lookahead, canary with) instead of starting them")
+    p.add_argument("--engine", default="reference", choices=engines.ENGINES,
+                   help="metric names of the engines behind --engine-url (default reference = vLLM names)")
+    p.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default reports/)")
+    p.add_argument("--json", action="store_true", help="print the report JSON as the last line")
+    p.add_argument("--backend", choices=("model", "simulate"), default="model",
+                   help="engine backend: a real model (default) or the roofline simulator")
+    p.add_argument("--sim-config", default=None, help="simulator config JSON (with --backend simulate)")
+    p.add_argument("--method", choices=("jacobi", "ngram"), default=DEFAULT_LOOKAHEAD["method"])
+    p.add_argument("--window", type=int, default=DEFAULT_LOOKAHEAD["window"], help="Jacobi window W")
+    p.add_argument("--ngram", type=int, default=DEFAULT_LOOKAHEAD["ngram"], help="Jacobi n-gram size N")
+    p.add_argument("--guess-set", type=int, default=DEFAULT_LOOKAHEAD["guess_set"], help="Jacobi guess set G")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="ngram method: K")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each prompt's max_tokens")
+    p.add_argument("--requests-per-worker", type=int, default=3,
+                   help="per round and role, requests each of the C closed-loop workers sends at most (default 3)")
+    p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=6.0,
+                   help="per round and role, stop issuing requests after this long, then drain (default 6s)")
+    p.add_argument("--max-rounds", type=int, default=12, help="rounds per batch size at most")
+    p.add_argument("--budget", type=loadgen.parse_duration, default=DEFAULT_BUDGET_S,
+                   help=f"measurement time budget for all batch sizes (default {DEFAULT_BUDGET_S:.0f}s)")
+    p.add_argument("--interval", type=loadgen.parse_duration, default=DEFAULT_INTERVAL_S,
+                   help="throughput sample interval (default 2s)")
+    p.add_argument("--min-latency-improvement", type=_fraction, default=0.05, help="e.g. 5%% (default)")
+    p.add_argument("--max-throughput-regression", type=_fraction, default=0.02, help="e.g. 2%% (default)")
+    p.add_argument("--confidence", type=_fraction, default=0.95, help="default 0.95")
+    p.add_argument("--min-samples", type=int, default=6, help="samples per arm before any verdict (default 6)")
+
+
+def config_from_args(args) -> AnalyzeConfig:
+    if args.method == "jacobi":
+        la = {"method": "jacobi", "window": args.window, "ngram": args.ngram, "guess_set": args.guess_set}
+    else:
+        la = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+              "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    return AnalyzeConfig(
+        model=args.model, prompts=args.prompts, batch_sizes=tuple(args.batch_sizes),
+        engine_urls=tuple(args.engine_url) if args.engine_url else None, engine=args.engine, lookahead=la,
+        backend=args.backend, sim_config=args.sim_config, max_tokens=args.max_tokens,
+        requests_per_worker=args.requests_per_worker, round_s=args.round_s, max_rounds=args.max_rounds, budget_s=args.budget,
+        interval_s=args.interval, min_latency_improvement=args.min_latency_improvement,
+        max_throughput_regression=args.max_throughput_regression, confidence=args.confidence,
+        min_samples=args.min_samples, out=args.out,
+    )
+
+
+def main(args) -> int:
+    """``kubectl lookahead analyze``: run, print the table and decision, write the report."""
+    from rich.console import Console
+
+    from . import report
+
+    stream = sys.stderr if args.json else sys.stdout
+    # a wide table in logs and CI (rich would wrap it at 80 columns when not on a terminal)
+    console = Console(stderr=args.json, width=None if stream.isatty() else 150)
+    try:
+        cfg = config_from_args(args)
+        engines.lookahead_params(cfg.lookahead)
+    except (ValueError, engines.EngineError) as exc:
+        console.print(f"[red]analyze: {exc}")
+        return 2
+
+    def log(msg: str) -> None:
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}")
+
+    try:
+        result = run_analysis(cfg, log)
+    except (AnalyzeError, loadgen.LoadgenError, OSError) as exc:
+        console.print(f"[red]analyze failed: {exc}")
+        return 1
+    data = report.write_report(result, cfg.out)
+    report.print_summary(data, console)
+    if args.json:
+        print(json.dumps(data, default=str), flush=True)
+    return 0

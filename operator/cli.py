@@ -1,0 +1,43 @@
+"""``kubectl-lookahead``: the kubectl plugin (``kubectl lookahead VERB ...``).
+
+Verbs are argparse subcommands; each module that implements one registers it here with
+``add_arguments(parser)`` and a ``main(args) -> int``. Today: ``analyze`` (the embedded main job,
+``lookahead_operator.analyze``). Verbs that act on LookaheadPolicy objects through the Kubernetes
+API (approve, abort, pause, resume, status, report) are added next to it by the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl-lookahead",
+        description="Measure whether lookahead decoding pays on your model, prompts, hardware and batch sizes.")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    from . import analyze
+
+    p = sub.add_parser(
+        "analyze", help="start a control and a canary engine locally (or use two running ones), sweep batch "
+                        "sizes, decide, and write a report",
+        description="Start a control (lookahead off) and a canary (lookahead on) reference engine, drive both at "
+                    "each batch size with a closed-loop load generator, compare with anytime-valid statistics, "
+                    "print the per-batch table, the crossover and the decision, and write report.html, PNG plots "
+                    "and report.json to --out.")
+    analyze.add_arguments(p)
+    p.set_defaults(func=analyze.main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The analysis report: a rich table on the terminal, and report.json, PNG plots and report.html.
+
+Plots (control vs canary, against batch size, with axes, units, legend and 95% error bars):
+
+* ``per_token_latency.png`` -- mean per-token latency (ms) per request, error bars: 95% interval of
+  the mean over requests;
+* ``throughput.png`` -- output tokens/s of the closed loop, error bars: 95% interval of the mean over
+  the per-interval samples.
+
+The HTML embeds both PNGs (base64), the per-batch table, the crossover and the decision with its
+reason, so it is one self-contained file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+COLORS = {"control": "#1f77b4", "canary": "#d62728"}
+
+
+def _fmt(x: Any, nd: int = 1, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    if pct:
+        return f"{100 * x:+.{nd}f}%"
+    return f"{x:.{nd}f}"
+
+
+def _interval_words(iv: list[float] | None) -> str:
+    if not iv:
+        return "-"
+    return f"[{100 * iv[0]:+.1f}%, {100 * iv[1]:+.1f}%]"
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+
+
+def _plot(rows: list[dict], kind: str, path: Path, title_suffix: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    xs = [r["batchSize"] for r in rows]
+    for role in ("control", "canary"):
+        if kind == "latency":
+            ys = [r[role]["perTokenMs"] for r in rows]
+            es = [r[role]["perTokenMsCI95"] or 0.0 for r in rows]
+        else:
+            ys = [r[role]["intervalTokensPerSecondMean"] or r[role]["tokensPerSecond"] for r in rows]
+            es = [r[role]["intervalTokensPerSecondCI95"] or 0.0 for r in rows]
+        pts = [(x, y, e) for x, y, e in zip(xs, ys, es) if y is not None]
+        if not pts:
+            continue
+        label = "control (lookahead off)" if role == "control" else "canary (lookahead on)"
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                    capsize=4, linewidth=2, color=COLORS[role], label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    ax.set_xlabel("batch size (concurrent requests)")
+    if kind == "latency":
+        ax.set_ylabel("per-token latency (ms / token)")
+        ax.set_title(f"Per-token latency vs batch size{title_suffix}\n(lower is better; error bars: 95% CI of the mean)",
+                     fontsize=10)
+        ax.set_ylim(bottom=0)
+    else:
+        ax.set_ylabel("output throughput (tokens / s)")
+        ax.set_title(f"Throughput vs batch size{title_suffix}\n(higher is better; error bars: 95% CI of the mean)",
+                     fontsize=10)
+        ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    data = buf.getvalue()
+    path.write_bytes(data)
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+
+def _html(data: dict, pngs: dict[str, bytes]) -> str:
+    d = data.get("decision") or {}
+    rows = []
+    for r in data["batches"]:
+        rows.append(
+            "<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
+                r["batchSize"], _fmt(r["controlTpotMs"], 2), _fmt(r["canaryTpotMs"], 2),
+                _fmt(r["tpotChange"], 1, pct=True), _interval_words(r["tpotInterval"]),
+                _fmt(r["controlTokensPerSecond"]), _fmt(r["canaryTokensPerSecond"]),
+                _fmt(r["throughputChange"], 1, pct=True), _interval_words(r["throughputInterval"]),
+                _fmt(r["acceptanceRate"], 2), r["verdict"], f'{r["rounds"]} ({r["stopped"]})',
+                f'{r["control"]["perTokenSamples"]}/{r["canary"]["perTokenSamples"]}',
+            )) + "</tr>")
+    imgs = "".join(
+        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(b).decode()}">'
+        f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, b in pngs.items())
+    th = data["thresholds"]
+    regime = ""
+    if data.get("regimeConfig"):
+        regime = f"<p><b>Engine setting for the regime:</b> <code>{html.escape(json.dumps(data['regimeConfig']))}</code></p>"
+    warnings = []
+    for r in data["batches"]:
+        for role in ("control", "canary"):
+            for w in r[role]["clientWarnings"]:
+                warnings.append(f"batch {r['batchSize']} {role}: {w}")
+    warn_html = ("<h2>Load generator warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+                 + "</ul>") if warnings else ""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Lookahead analysis: {html.escape(str(data['model']))}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1100px; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: right; }}
+th {{ background: #f3f3f3; }}
+.decision {{ font-size: 1.2em; padding: 0.6em; background: #f7f7e8; border-left: 4px solid #c90; }}
+figure {{ display: inline-block; margin: 0.5em; }}
+code {{ background: #f3f3f3; padding: 1px 4px; }}
+</style></head><body>
+<h1>Lookahead analysis</h1>
+<p>Model <b>{html.escape(str(data['model']))}</b> (backend {html.escape(str(data['backend']))}), engine
+{html.escape(str(data['engine']))}, lookahead <code>{html.escape(json.dumps(data['lookahead']))}</code>,
+prompts <b>{html.escape(str(data['prompts']))}</b> (max {data['maxTokens']} tokens), batch sizes
+{html.escape(', '.join(map(str, data['batchSizes'])))}.</p>
+<p>Thresholds: latency must improve by more than {100 * th['minLatencyImprovement']:.0f}%, throughput may fall by
+at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidence']:.2f}
+(anytime-valid confidence sequences; at least {th['minSamples']} samples per arm).</p>
+<div class="decision"><b>Decision: {html.escape(str(d.get('action')))}</b>
+{('(crossover at batch size ' + str(data['crossoverBatchSize']) + ')') if data.get('crossoverBatchSize') else ''}
+<br>{html.escape(str(d.get('reason', '')))}</div>
+{regime}
+<h2>Per batch size</h2>
+<table><tr><th>batch</th><th>control ms/token</th><th>canary ms/token</th><th>change</th><th>interval</th>
+<th>control tok/s</th><th>canary tok/s</th><th>change</th><th>interval</th><th>acceptance</th><th>verdict</th>
+<th>rounds (stop)</th><th>latency samples</th></tr>
+{''.join(rows)}</table>
+<h2>Plots</h2>{imgs}
+{warn_html}
+<h2>How these numbers were measured</h2>
+<ul><li>Per-token latency: {html.escape(data['method']['latencySamples'])}.</li>
+<li>Throughput: {html.escape(data['method']['throughputSamples'])}.</li>
+<li>Statistics: {html.escape(data['method']['statistics'])}; a batch size stops as soon as its verdict is settled.</li>
+<li>Control and canary received the same prompts in the same order, in alternating rounds.</li></ul>
+<p>Wall time {data['wallSeconds']:.0f} s (engine start {data['engineStartSeconds']:.0f} s). Raw numbers: report.json.</p>
+</body></html>
+"""
+
+
+def write_report(result, out: Path) -> dict:
+    """Write report.json, per_token_latency.png, throughput.png and report.html; return the data."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = result.to_dict()
+    rows = data["batches"]
+    suffix = f" ({data['model']}, {data['backend']})"
+    files = {
+        "html": str(out / "report.html"),
+        "json": str(out / "report.json"),
+        "perTokenLatencyPng": str(out / "per_token_latency.png"),
+        "throughputPng": str(out / "throughput.png"),
+    }
+    pngs = {
+        "per_token_latency.png": _plot(rows, "latency", Path(files["perTokenLatencyPng"]), suffix),
+        "throughput.png": _plot(rows, "throughput", Path(files["throughputPng"]), suffix),
+    }
+    data["files"] = files
+    data["reportWrittenAt"] = time.time()
+    Path(files["html"]).write_text(_html(data, pngs))
+    Path(files["json"]).write_text(json.dumps(data, indent=1, default=str) + "\n")
+    result.files = files
+    return data
+
+
+def print_summary(data: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"lookahead analysis: {data['model']} ({data['backend']}), lookahead {json.dumps(data['lookahead'])}")
+    for col in ("batch", "control ms/tok", "canary ms/tok", "change [interval]", "control tok/s", "canary tok/s",
+                "change [interval]", "accept", "verdict", "n (lat)"):
+        t.add_column(col, justify="right")
+    style = {"Wins": "green", "Regresses": "red", "NoGain": "yellow", "Pending": "dim"}
+    for r in data["batches"]:
+        t.add_row(
+            str(r["batchSize"]), _fmt(r["controlTpotMs"], 2), _fmt(r["canaryTpotMs"], 2),
+            f"{_fmt(r['tpotChange'], 1, pct=True)} {_interval_words(r['tpotInterval'])}",
+            _fmt(r["controlTokensPerSecond"]), _fmt(r["canaryTokensPerSecond"]),
+            f"{_fmt(r['throughputChange'], 1, pct=True)} {_interval_words(r['throughputInterval'])}",
+            _fmt(r["acceptanceRate"], 2), f"[{style.get(r['verdict'], '')}]{r['verdict']}",
+            f"{r['control']['perTokenSamples']}/{r['canary']['perTokenSamples']}",
+        )
+    console.print(t)
+    d = data.get("decision") or {}
+    console.print(f"crossover batch size: {data.get('crossoverBatchSize') or '-'}")
+    console.print(f"[bold]decision: {d.get('action')}[/bold] - {d.get('reason')}")
+    if data.get("regimeConfig"):
+        console.print(f"engine setting: {json.dumps(data['regimeConfig'])}")
+    for r in data["batches"]:
+        for role in ("control", "canary"):
+            for w in r[role]["clientWarnings"]:
+                console.print(f"[yellow]load generator may be the bottleneck at batch {r['batchSize']} ({role}): {w}")
+    console.print(f"report: {data['files'].get('html')}  (wall {data['wallSeconds']:.0f} s)")
