@@ -49,6 +49,8 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=b.GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's would repeat it
+    # A timer fires every tick; Kopf would log each success at INFO.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
     settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "32"))
     port = int(os.environ.get("LOOKAHEAD_METRICS_PORT", "9100"))
