@@ -1,0 +1,29 @@
+import io
+
+from lookahead_operator import plugin
+
+
+def test_approve_names_the_generation():
+    assert plugin.approve_patch({"metadata": {"generation": 4}}) == {
+        "metadata": {"annotations": {"lookahead.dev/approve": "4"}}}
+
+
+def test_abort_and_pause_patches():
+    assert plugin.abort_patch()["metadata"]["annotations"] == {"lookahead.dev/abort": "true"}
+    assert plugin.abort_patch("bad canary")["metadata"]["annotations"]["lookahead.dev/abort-reason"] == "bad canary"
+    assert plugin.pause_patch(True) == {"spec": {"paused": True}}
+
+
+def test_status_table_formats_rows_and_missing_values():
+    policy = {"metadata": {"name": "p", "namespace": "ns"},
+              "status": {"phase": "Measuring", "batches": [
+                  {"batchSize": 1, "controlTpotMs": 20.0, "canaryTpotMs": 12.5, "tpotChange": -37.5,
+                   "tpotInterval": [-41.0, -33.9], "controlTokensPerS": 50.0, "canaryTokensPerS": 80.0,
+                   "throughputChange": 60.0, "acceptanceRate": 0.42, "samples": 30, "verdict": "Wins"},
+                  {"batchSize": 8, "verdict": "Pending"}]}}
+    rows = plugin.status_rows(policy)
+    assert rows[0][:4] == ["1", "20.00", "12.50", "-37.5% [-41.0, -33.9]"]
+    assert rows[0][-1] == "Wins" and rows[1][1] == "-" and rows[1][-1] == "Pending"
+    out = io.StringIO()
+    plugin.print_status(policy, out)
+    assert "Measuring" in out.getvalue() and "Wins" in out.getvalue()
