@@ -16,16 +16,20 @@ Node object against a real ``kube-apiserver`` (see ``lookahead_operator.devclust
   ``value`` (``valueFrom`` is not supported and is skipped), then ``PORT``, ``POD_NAME``,
   ``POD_NAMESPACE``, ``POD_IP`` (127.0.0.1) and ``NODE_NAME``.
 
-  **Port convention.** Each Pod gets its own free TCP port on 127.0.0.1, the same for all of its
-  containers. It is passed as the environment variable ``PORT``, and ``$(PORT)`` in ``command``
-  and ``args`` is replaced by it, e.g. ``python3 -m lookahead_canary.server --port $(PORT)``.
+  **Addresses and ports, as in a cluster.** Each Pod gets its own loopback address
+  (127.0.1.1, 127.0.1.2, ...: Linux routes all of 127.0.0.0/8 to loopback) as its ``podIP`` and
+  ``POD_IP``, and one port shared by its containers: the first declared ``containerPort`` if any,
+  else a free port. So ``http://<podIP>:<containerPort>`` reaches a Pod as it would in a cluster,
+  and two Pods may both declare port 8000. The port is passed as the environment variable
+  ``PORT``, and ``$(PORT)``/``$(POD_IP)`` in ``command`` and ``args`` are replaced, e.g.
+  ``python3 -m lookahead_canary.server --host $(POD_IP) --port $(PORT)``: a process must listen on
+  ``POD_IP:PORT`` (binding 0.0.0.0 would clash between Pods).
   Like Kubernetes, ``$(NAME)`` is expanded for every variable of the container's environment
   listed above (not the inherited host environment); ``$$(NAME)`` gives a literal ``$(NAME)``;
-  unknown names are left as they are. Container ``ports`` and probe ports are ignored: whatever
-  they say, the process must listen on ``PORT``.
-* Status: once started, the Pod is ``Running`` with ``podIP``/``hostIP`` 127.0.0.1. It becomes
+  unknown names are left as they are. Probe ports are ignored: probes go to ``POD_IP:PORT``.
+* Status: once started, the Pod is ``Running`` with its ``podIP`` (``hostIP`` 127.0.0.1). It becomes
   ``Ready`` when every container's ``readinessProbe.httpGet.path`` answers HTTP 200 on
-  ``127.0.0.1:PORT`` (probed every 0.2 s), or at once for containers without an HTTP readiness
+  ``POD_IP:PORT`` (probed every 0.2 s), or at once for containers without an HTTP readiness
   probe. When a process exits, the Pod's ``restartPolicy`` decides, as with a kubelet: with
   ``Always`` (every Deployment Pod), or ``OnFailure`` and a non-zero exit, the container is
   restarted in place after a doubling back-off of 1 s up to 30 s (state ``waiting``
@@ -40,7 +44,7 @@ Node object against a real ``kube-apiserver`` (see ``lookahead_operator.devclust
   removed (delete with grace period 0, as a kubelet does).
 * Prometheus: when given a ``DevPrometheus``, every Pod whose (template) annotations say
   ``prometheus.io/scrape: "true"`` is a scrape target while its processes run: address
-  ``127.0.0.1:PORT``, path ``prometheus.io/path`` (default ``/metrics``; ``prometheus.io/port``
+  ``POD_IP:PORT``, path ``prometheus.io/path`` (default ``/metrics``; ``prometheus.io/port``
   is ignored). Target labels: each Pod label, with its key sanitised to a Prometheus label name
   by ``prometheus_label_name`` (every character outside ``[a-zA-Z0-9_]`` becomes ``_``, a leading
   digit gets a ``_`` prefix, a leading ``__`` becomes ``label__``; so ``lookahead.dev/role`` is
@@ -170,6 +174,7 @@ class RunningPod:
     namespace: str
     name: str
     port: int
+    ip: str
     labels: dict[str, str]
     annotations: dict[str, str]
     restart_policy: str
@@ -181,7 +186,7 @@ class RunningPod:
 
     @property
     def address(self) -> str:
-        return f"{POD_IP}:{self.port}"
+        return f"{self.ip}:{self.port}"
 
     @property
     def ready(self) -> bool:
@@ -470,10 +475,23 @@ class PodHarness:
                 self._note(f"bind {pod.metadata.namespace}/{pod.metadata.name}: {exc.status} {exc.reason}")
         # The MODIFIED event with spec.nodeName set starts it.
 
+    def _allocate_ip(self) -> str:
+        """The next loopback address no running Pod holds (127.0.1.1 .. 127.0.254.254)."""
+        with self._lock:
+            taken = {rp.ip for rp in self._pods.values()}
+            for _ in range(254 * 254):
+                self._next_ip = getattr(self, "_next_ip", 0) % (254 * 254) + 1
+                ip = f"127.0.{(self._next_ip - 1) // 254 + 1}.{(self._next_ip - 1) % 254 + 1}"
+                if ip not in taken:
+                    return ip
+        raise RuntimeError("no free loopback address for a Pod")
+
     def _run(self, pod: Any) -> None:
         meta, spec = pod.metadata, pod.spec
-        port = free_port()
-        rp = RunningPod(uid=meta.uid, namespace=meta.namespace, name=meta.name, port=port,
+        declared = [p.container_port for c in spec.containers for p in (c.ports or []) if p.container_port]
+        port = declared[0] if declared else free_port()
+        ip = self._allocate_ip()
+        rp = RunningPod(uid=meta.uid, namespace=meta.namespace, name=meta.name, port=port, ip=ip,
                         labels=dict(meta.labels or {}), annotations=dict(meta.annotations or {}),
                         restart_policy=spec.restart_policy or "Always")
         with self._lock:
@@ -489,7 +507,7 @@ class PodHarness:
                     env[e.name] = ""
                 else:
                     self._note(f"{meta.namespace}/{meta.name}/{c.name}: env {e.name} valueFrom is not supported")
-            env.update(PORT=str(port), POD_NAME=meta.name, POD_NAMESPACE=meta.namespace, POD_IP=POD_IP,
+            env.update(PORT=str(port), POD_NAME=meta.name, POD_NAMESPACE=meta.namespace, POD_IP=ip,
                        NODE_NAME=self.node_name)
             argv = [expand(a, env) for a in [*(c.command or []), *(c.args or [])]]
             probe = c.readiness_probe.http_get if c.readiness_probe and c.readiness_probe.http_get else None
@@ -572,7 +590,7 @@ class PodHarness:
         status = {
             "phase": rp.phase,
             "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}],
-            "podIP": POD_IP, "podIPs": [{"ip": POD_IP}],
+            "podIP": rp.ip, "podIPs": [{"ip": rp.ip}],
             "startTime": _iso(rp.started_at),
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(rp.started_at)},

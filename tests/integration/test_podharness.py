@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 # carries the value of --value, so the test can tell this process's metrics apart.
 SERVER = r"""
 import argparse, http.server
-ap = argparse.ArgumentParser(); ap.add_argument("--port", type=int); ap.add_argument("--value")
+ap = argparse.ArgumentParser(); ap.add_argument("--host"); ap.add_argument("--port", type=int); ap.add_argument("--value")
 a = ap.parse_args()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -31,7 +31,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-http.server.ThreadingHTTPServer(("127.0.0.1", a.port), H).serve_forever()
+http.server.ThreadingHTTPServer((a.host, a.port), H).serve_forever()
 """
 
 
@@ -60,7 +60,7 @@ def test_deployment_pod_runs_is_ready_is_scraped_and_is_killed_on_delete(kube_ap
                 "spec": {"containers": [{
                     "name": "engine", "image": "local/python",
                     "command": [sys.executable, "-c", SERVER],
-                    "args": ["--port", "$(PORT)", "--value", "$(VALUE)"],
+                    "args": ["--host", "$(POD_IP)", "--port", "$(PORT)", "--value", "$(VALUE)"],
                     "env": [{"name": "VALUE", "value": "7.25"}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
                 }]},
@@ -76,12 +76,13 @@ def test_deployment_pod_runs_is_ready_is_scraped_and_is_killed_on_delete(kube_ap
 
     pod = wait_for(ready_pod, 60, "the harness to run the Pod and report it Ready")
     assert pod.spec.node_name == pod_harness.node_name
-    assert pod.status.pod_ip == "127.0.0.1"
+    assert pod.status.pod_ip.startswith("127.0.") and pod.status.pod_ip != "127.0.0.1"
     wait_for(lambda: apps.read_namespaced_deployment_status("engine", ns).status.ready_replicas == 1,
              30, "the Deployment to count the Pod ready")
 
     running = pod_harness.find(ns, pod.metadata.name)
     assert running is not None and running.ready
+    assert running.address == f"{pod.status.pod_ip}:{running.port}"
     pids = running.pids
     assert alive(pids) == pids
 
