@@ -184,7 +184,12 @@ VLLM_METRICS = MetricNames(
 )
 
 #: Our engine exports vLLM's names and labels (lookahead_canary.metrics).
-REFERENCE_METRICS = MetricNames(**{**VLLM_METRICS.__dict__, "engine": "reference"})
+#: Our reference engine: vLLM's names, but its inter-token latency histogram is observed once per
+#: token (a step yielding k tokens after dt records dt/k k times), so unlike vLLM's per-chunk ITL
+#: it is unbiased under speculation, and it gives a sample every token rather than every request:
+#: the per-token latency series of choice, dense enough for short measurement windows.
+REFERENCE_METRICS = MetricNames(**{**VLLM_METRICS.__dict__, "engine": "reference",
+                                   "per_token_latency": "vllm:inter_token_latency_seconds", "chunk_itl": None})
 
 #: SGLang (python/sglang/srt/metrics/collector.py). Its ITL histogram is per token (an interval
 #: carrying k tokens is observed k times at interval/k). No per-request prefill/decode split;

@@ -191,7 +191,9 @@ def test_metric_names():
     assert v.prefill_time == "vllm:request_prefill_time_seconds"
     assert v.decode_time == "vllm:request_decode_time_seconds"
     r = metric_names("reference")
-    assert r.per_token_latency == v.per_token_latency and r.engine == "reference"
+    # ours records its ITL per token (not per chunk), so it is the per-token series for the reference engine
+    assert r.per_token_latency == "vllm:inter_token_latency_seconds" and r.engine == "reference"
+    assert r.generation_tokens == v.generation_tokens and r.chunk_itl is None
     s = metric_names("sglang")
     assert s.per_token_latency == "sglang:inter_token_latency_seconds"
     assert s.running == "sglang:num_running_reqs" and s.waiting == "sglang:num_queue_reqs"
