@@ -447,6 +447,20 @@ class SimTokenizer:
 
 
 @dataclass
+class SimStepOutput:
+    """Field for field ``decoding.StepOutput`` (the scheduler reads only these attributes).
+
+    A twin rather than an import so the simulated backend never imports torch: simulated
+    engine pods start in a fraction of a second.
+    """
+
+    new_tokens: list[int]
+    draft_tokens: int
+    accepted_draft_tokens: int
+    finished: bool
+
+
+@dataclass
 class _SimSeq:
     remaining: int
     next_id: int
@@ -493,9 +507,7 @@ class SimulatedDecoder:
     def remove(self, seq_id: str) -> None:
         self._seqs.pop(seq_id, None)
 
-    def step(self, speculate: bool = True) -> dict:
-        from .decoding import StepOutput
-
+    def step(self, speculate: bool = True) -> dict[str, SimStepOutput]:
         if not self._seqs:
             return {}
         t0 = time.monotonic()
@@ -508,7 +520,7 @@ class SimulatedDecoder:
             tokens = [(seq.next_id + j) % self.vocab_size for j in range(k)]
             seq.next_id = (seq.next_id + k) % self.vocab_size
             seq.remaining -= k
-            out[seq_id] = StepOutput(
+            out[seq_id] = SimStepOutput(
                 new_tokens=tokens,
                 draft_tokens=int(sim.draft_tokens[i]),
                 accepted_draft_tokens=produced - 1,

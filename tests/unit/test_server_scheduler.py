@@ -284,3 +284,25 @@ def test_held_back_text_is_released_when_the_request_ends_otherwise():
     at_length, at_eos = cols
     assert (at_length.text, at_length.finish.finish_reason) == ("ab", "length")
     assert (at_eos.text, at_eos.finish.finish_reason) == ("abc", "stop")
+
+
+def test_sim_step_output_mirrors_the_decoder_interface():
+    import dataclasses
+
+    from lookahead_canary.scheduler import SimStepOutput
+
+    assert [f.name for f in dataclasses.fields(SimStepOutput)] == \
+        [f.name for f in dataclasses.fields(StepOutput)]
+
+
+def test_simulated_backend_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from lookahead_canary import server; "
+            "a = server.parse_args(['--backend', 'simulate']); "
+            "d = server.SimulatedDecoder(server.simulator_from_args(a)); "
+            "d.add('x', [1, 2], 2); d.step(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "False"
