@@ -1,9 +1,9 @@
 """``kubectl-lookahead``: the kubectl plugin (``kubectl lookahead VERB ...``).
 
-Verbs are argparse subcommands; each module that implements one registers it here with
-``add_arguments(parser)`` and a ``main(args) -> int``. Today: ``analyze`` (the embedded main job,
-``lookahead_operator.analyze``). Verbs that act on LookaheadPolicy objects through the Kubernetes
-API (approve, abort, pause, resume, status, report) are added next to it by the operator.
+Verbs are argparse subcommands; each sets ``func(args) -> int``. ``analyze`` is the embedded main
+job (``lookahead_operator.analyze``); ``approve``, ``abort``, ``pause``, ``resume``, ``status`` and
+``report POLICY`` act on LookaheadPolicy objects through the Kubernetes API
+(``lookahead_operator.plugin``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "and report.json to --out.")
     analyze.add_arguments(p)
     p.set_defaults(func=analyze.main)
+
+    # approve, abort, pause, resume, status, report POLICY: through the Kubernetes API
+    from . import plugin
+
+    plugin.add_subcommands(sub)
     return parser
 
 
