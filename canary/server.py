@@ -621,6 +621,7 @@ class EngineServer:
             return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
                     "total_tokens": fin.prompt_tokens + fin.completion_tokens}
 
+        resp: web.StreamResponse | None = None
         try:
             if not parsed.stream:
                 pieces: list[str] = []
@@ -674,8 +675,13 @@ class EngineServer:
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        except (ConnectionError, asyncio.CancelledError):
-            scheduler.cancel(greq)  # the client went away: free its batch slot
+        except ConnectionError:
+            # the client went away mid-stream: free its batch slot (finished_reason=abort)
+            scheduler.cancel(greq)
+            log.info("client of %s disconnected; request aborted", rid)
+            return resp
+        except asyncio.CancelledError:
+            scheduler.cancel(greq)
             raise
 
 
