@@ -215,6 +215,10 @@ class StepResult:
     def ttfts_s(self) -> list[float]:
         return [r.ttft_s for r in self.completed if r.ttft_s is not None]
 
+    @property
+    def cancelled(self) -> int:
+        return sum(1 for r in self.requests if not r.ok and (r.error or "").startswith("cancelled"))
+
     def summary(self) -> dict:
         ptl = self.per_token_latencies_s()
         ttft = self.ttfts_s()
@@ -226,6 +230,7 @@ class StepResult:
             "requests": len(self.requests),
             "completed": len(self.completed),
             "errors": self.errors,
+            "cancelled": self.cancelled,
             "output_tokens": self.output_tokens,
             "output_tokens_per_s": self.output_tokens_per_s,
             "per_token_ms_mean": 1e3 * statistics.fmean(ptl) if ptl else None,
@@ -416,12 +421,15 @@ async def run_step(client: httpx.AsyncClient, url: str, model: str, prompts: Seq
                    concurrency: int, *, step_duration: float | None = None,
                    requests_per_step: int | None = None, prompt_offset: int = 0,
                    interval_s: float = 1.0, temperature: float = 0.0,
-                   on_request: ProgressCallback | None = None) -> StepResult:
+                   on_request: ProgressCallback | None = None,
+                   max_duration: float | None = None) -> StepResult:
     """One closed-loop step: ``concurrency`` workers, each sending back to back.
 
     Stops issuing when ``requests_per_step`` requests have been issued or ``step_duration``
     seconds have passed (whichever first; at least one must be given), then waits for the
-    requests in flight (the drain). ``end`` is when the last one finished.
+    requests in flight (the drain). ``end`` is when the last one finished. ``max_duration``
+    (seconds from the step's start) is a hard limit: requests still in flight then are cancelled
+    (the connection is closed) and recorded as failed with ``error`` starting "cancelled".
     """
     if concurrency < 1:
         raise LoadgenError("concurrency must be >= 1")
@@ -464,15 +472,36 @@ async def run_step(client: httpx.AsyncClient, url: str, model: str, prompts: Seq
             issued += 1
             prompt = prompts[(prompt_offset + idx) % len(prompts)]
             account(+1)
-            res = await send_request(client, url, model, prompt, concurrency, idx, temperature)
+            sent_at = time.time()
+            try:
+                res = await send_request(client, url, model, prompt, concurrency, idx, temperature)
+            except asyncio.CancelledError:
+                account(-1)
+                results.append(RequestResult(concurrency=concurrency, index=idx, started_at=sent_at,
+                                             ended_at=time.time(), ok=False,
+                                             error=f"cancelled at the step's time limit ({max_duration:g} s)"))
+                raise
             account(-1)
             results.append(res)
             if on_request:
                 on_request(concurrency, res)
 
+    tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        _, pending = await asyncio.wait(tasks, timeout=max_duration)
+        if pending:
+            if steady_end is None:
+                account(0)
+                steady_end = time.perf_counter()
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
     finally:
+        for t in tasks:
+            t.cancel()
         await probe.stop()
     t1 = time.perf_counter()
     cpu = time.process_time() - cpu0

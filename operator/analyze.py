@@ -48,7 +48,7 @@ from . import engines
 from .engines import MetricNames
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
-DEFAULT_BUDGET_S = 330.0            # measurement budget for all batch sizes (make demo: < 10 min in all)
+DEFAULT_BUDGET_S = 300.0            # measurement budget for all batch sizes (make demo: < 10 min in all)
 DEFAULT_MAX_TOKENS = 48
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_LOOKAHEAD = {"method": "jacobi", "window": 4, "ngram": 3, "guess_set": 4}
@@ -233,7 +233,11 @@ class RoleMeasurement:
 
     @property
     def errors(self) -> list[str]:
-        return [r.error or "?" for r in self.requests if not r.ok]
+        return [r.error or "?" for r in self.requests if not r.ok and not (r.error or "").startswith("cancelled")]
+
+    @property
+    def cancelled(self) -> int:
+        return sum(1 for r in self.requests if not r.ok and (r.error or "").startswith("cancelled"))
 
     def server_ratio(self, num: str, den: str) -> float | None:
         d = self.server.get(den, 0.0)
@@ -251,6 +255,7 @@ class RoleMeasurement:
             "batchSize": self.batch_size,
             "requests": len(self.requests),
             "errors": len(self.errors),
+            "cancelled": self.cancelled,
             "outputTokens": self.output_tokens,
             "seconds": round(self.seconds, 3),
             "perTokenMs": None if ptl_mean is None else 1e3 * ptl_mean,
@@ -333,7 +338,7 @@ class AnalyzeConfig:
     backend: str = "model"
     sim_config: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    requests_per_worker: int = 3                        # per round: each of the C workers sends at most this many
+    requests_per_worker: int | None = None              # per round: each of the C workers sends at most this many
     round_s: float = 6.0                                # per round and role: stop issuing after this (then drain)
     max_rounds: int = 12
     budget_s: float = DEFAULT_BUDGET_S
@@ -435,24 +440,28 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
     res = BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
     t0 = time.monotonic()
     offset = 0
-    per_round = c * cfg.requests_per_worker
+    per_round = c * cfg.requests_per_worker if cfg.requests_per_worker else None
     last_round_s = 0.0
     while True:
         r0 = time.monotonic()
         # alternate which role goes first, so a slow drift does not favour one of them
         order = ("control", "canary") if res.rounds % 2 == 0 else ("canary", "control")
-        for role in order:
+        for i, role in enumerate(order):
             meas = res.control if role == "control" else res.canary
+            # hard limit: this role may use its share of what is left of the batch size's budget;
+            # requests still running then are cancelled (a slow canary cannot overrun the run)
+            remaining = t0 + budget_s - time.monotonic()
+            hard = max(1.0, remaining / (len(order) - i))
             before = after = None
             with contextlib.suppress(Exception):   # an engine without /metrics: client-side numbers only
                 before = await asyncio.to_thread(scrape_metrics, urls[role])
             step = await loadgen.run_step(client, urls[role], models[role], prompts, c, requests_per_step=per_round,
-                                          step_duration=cfg.round_s, prompt_offset=offset,
-                                          interval_s=cfg.interval_s)
+                                          step_duration=min(cfg.round_s, hard), prompt_offset=offset,
+                                          interval_s=cfg.interval_s, max_duration=hard)
             with contextlib.suppress(Exception):
                 after = await asyncio.to_thread(scrape_metrics, urls[role])
             meas.add_step(step, metrics_delta(before, after))
-            if step.errors and not step.completed:
+            if step.errors and not step.completed and not step.cancelled:
                 raise AnalyzeError(f"every request to the {role} engine failed at batch {c}: "
                                    f"{step.requests[0].error}")
         # the next round starts where the longer of the two left off, so both see the same prompts
@@ -470,6 +479,9 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         if res.verdict.settled(thresholds):
             res.stopped = "settled"
             break
+        if res.control.cancelled or res.canary.cancelled:
+            res.stopped = f"time budget ({budget_s:.0f} s; requests in flight cancelled)"
+            break
         if res.rounds >= cfg.max_rounds:
             res.stopped = f"max rounds ({cfg.max_rounds})"
             break
@@ -480,12 +492,26 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
     return res
 
 
+WARMUP_TOKENS = 8
+WARMUP_TIMEOUT_S = 120.0
+
+
 async def _warmup(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
                   prompts: Sequence[Prompt], n: int) -> None:
-    """A few requests per engine before measuring (first-call costs are not the workload)."""
+    """A few short requests per engine before measuring (first-call costs are not the workload)."""
+    import dataclasses
+
     for role, url in urls.items():
         for i in range(n):
-            r = await loadgen.send_request(client, url, models[role], prompts[i % len(prompts)], 1, i)
+            p = dataclasses.replace(prompts[i % len(prompts)],
+                                    max_tokens=min(WARMUP_TOKENS, prompts[i % len(prompts)].max_tokens))
+            try:
+                r = await asyncio.wait_for(loadgen.send_request(client, url, models[role], p, 1, i),
+                                           WARMUP_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise AnalyzeError(f"the {role} engine at {url} did not answer an {WARMUP_TOKENS}-token warm-up "
+                                   f"request within {WARMUP_TIMEOUT_S:.0f} s: this machine is too slow or "
+                                   "too busy to measure on") from None
             if not r.ok:
                 raise AnalyzeError(f"warm-up request to the {role} engine at {url} failed: {r.error}")
 
@@ -588,8 +614,9 @@ def add_arguments(p) -> None:
     p.add_argument("--guess-set", type=int, default=DEFAULT_LOOKAHEAD["guess_set"], help="Jacobi guess set G")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="ngram method: K")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each prompt's max_tokens")
-    p.add_argument("--requests-per-worker", type=int, default=3,
-                   help="per round and role, requests each of the C closed-loop workers sends at most (default 3)")
+    p.add_argument("--requests-per-worker", type=int, default=None,
+                   help="per round and role, requests each of the C closed-loop workers sends at most "
+                        "(default: no cap, the round's duration bounds it)")
     p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=6.0,
                    help="per round and role, stop issuing requests after this long, then drain (default 6s)")
     p.add_argument("--max-rounds", type=int, default=12, help="rounds per batch size at most")
@@ -628,7 +655,7 @@ def main(args) -> int:
 
     stream = sys.stderr if args.json else sys.stdout
     # a wide table in logs and CI (rich would wrap it at 80 columns when not on a terminal)
-    console = Console(stderr=args.json, width=None if stream.isatty() else 150)
+    console = Console(stderr=args.json, width=None if stream.isatty() else 190)
     try:
         cfg = config_from_args(args)
         engines.lookahead_params(cfg.lookahead)
@@ -639,6 +666,10 @@ def main(args) -> int:
     def log(msg: str) -> None:
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}")
 
+    def on_signal(signum, frame):  # stop the engines we started (run_analysis' finally) on kill
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         result = run_analysis(cfg, log)
     except (AnalyzeError, loadgen.LoadgenError, OSError) as exc:

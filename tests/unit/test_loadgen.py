@@ -187,3 +187,17 @@ async def test_cli_prints_json_lines(engine, tmp_path, capsys):
     assert [x["concurrency"] for x in steps] == [1, 2]
     assert all(x["output_tokens"] == 18 for x in steps)
     assert lines[-1]["type"] == "summary"
+
+
+async def test_max_duration_cancels_requests_in_flight(engine):
+    # 200 tokens at 10 ms a token: far longer than the 0.3 s hard limit
+    prompts = [Prompt(prompt="p", max_tokens=200)]
+    steps = await loadgen.sweep(engine.url, [2], prompts, step_duration=0.1)
+    assert steps[0].cancelled == 0
+    async with httpx.AsyncClient() as client:
+        step = await loadgen.run_step(client, engine.url, "fake-model", prompts, 2, step_duration=0.1,
+                                      max_duration=0.3)
+    assert step.duration_s < 1.0
+    assert step.cancelled == 2 and not step.completed
+    assert all(r.error.startswith("cancelled") for r in step.requests)
+    assert step.summary()["cancelled"] == 2
