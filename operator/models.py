@@ -813,11 +813,17 @@ class BatchVerdict(StrEnum):
     Inconclusive = "Inconclusive"  # not enough evidence by the deadline
 
 
+class RoleSamples(StatusModel):
+    control: Optional[int] = Field(default=None, ge=0)
+    canary: Optional[int] = Field(default=None, ge=0)
+
+
 class BatchResult(StatusModel):
-    """One row of the per-batch-size table: control vs canary at one concurrency.
+    """One row of the per-batch-size table: control vs canary at one concurrency
+    (what ``lookahead_operator.decision.BatchVerdict.to_status`` writes).
 
     Changes are relative, canary vs control, as fractions (``tpotChange: -0.37`` = per-token
-    latency 37 % lower); intervals are ``[low, high]`` of that change at ``analysis.confidence``.
+    latency 37 % lower); intervals are ``[low, high]`` of that change at ``confidence``.
     """
 
     batch_size: int = Field(ge=1, description="Concurrent requests.")
@@ -826,14 +832,19 @@ class BatchResult(StatusModel):
     tpot_change: Optional[float] = Field(default=None, description="Canary vs control TPOT change, fraction (-0.37 = 37% lower).")
     tpot_interval: Optional[list[float]] = Field(default=None, min_length=2, max_length=2,
                                                  description="Confidence interval [low, high] of tpotChange.")
-    control_tokens_per_s: Optional[float] = Field(default=None, description="Control generated tokens per second.")
-    canary_tokens_per_s: Optional[float] = Field(default=None, description="Canary generated tokens per second.")
+    control_tokens_per_second: Optional[float] = Field(default=None, description="Control generated tokens per second.")
+    canary_tokens_per_second: Optional[float] = Field(default=None, description="Canary generated tokens per second.")
     throughput_change: Optional[float] = Field(default=None, description="Canary vs control throughput change, fraction.")
     throughput_interval: Optional[list[float]] = Field(default=None, min_length=2, max_length=2,
                                                        description="Confidence interval [low, high] of throughputChange.")
     acceptance_rate: Optional[float] = Field(default=None, ge=0, le=1,
                                              description="Accepted / proposed draft tokens on the canary.")
-    samples: Optional[int] = Field(default=None, ge=0, description="Completed requests per role behind this row.")
+    samples: Optional[RoleSamples] = Field(default=None, description="Samples per role behind this row.")
+    confidence: Optional[float] = Field(default=None, ge=0, le=1, description="Confidence of the intervals.")
+    latency_verdict: Optional[str] = Field(default=None, max_length=64,
+                                           description="Better, Worse, Equivalent or NotEnoughData (statistics.Verdict).")
+    throughput_verdict: Optional[str] = Field(default=None, max_length=64,
+                                              description="Better, Worse, Equivalent or NotEnoughData (statistics.Verdict).")
     verdict: BatchVerdict = Field(default=BatchVerdict.Pending)
 
 

@@ -273,12 +273,13 @@ def _status() -> dict:
         "batchSizes": [1, 4, 16],
         "batches": [
             {"batchSize": 1, "controlTpotMs": 21.0, "canaryTpotMs": 13.1, "tpotChange": -0.376,
-             "tpotInterval": [-0.41, -0.33], "controlTokensPerS": 47.6, "canaryTokensPerS": 76.3,
-             "throughputChange": 0.6, "throughputInterval": [0.5, 0.7], "acceptanceRate": 0.42, "samples": 120,
+             "tpotInterval": [-0.41, -0.33], "controlTokensPerSecond": 47.6, "canaryTokensPerSecond": 76.3,
+             "throughputChange": 0.6, "throughputInterval": [0.5, 0.7], "acceptanceRate": 0.42, "samples": {"control": 120, "canary": 118},
              "verdict": "Wins"},
             {"batchSize": 16, "controlTpotMs": 30.0, "canaryTpotMs": 36.0, "tpotChange": 0.2,
              "tpotInterval": [0.15, 0.25], "throughputChange": -0.17, "throughputInterval": [-0.2, -0.14],
-             "samples": 400, "verdict": "Regresses"}],
+             "samples": {"control": 400, "canary": 390}, "confidence": 0.99, "latencyVerdict": "Worse",
+             "throughputVerdict": "Worse", "verdict": "Regresses"}],
         "crossoverBatchSize": 16,
         "decision": {"id": "g1-a1b2", "action": "PromoteRegimeAware", "reason": "wins at 1 and 4, regresses at 16",
                      "decidedAt": now, "crossoverBatchSize": 16,
@@ -377,3 +378,46 @@ def test_example_fleet_applies_and_the_example_policy_selects_its_reference_depl
         "chat-vllm": "vllm", "chat-reference": "reference"}
     selected = [n for n, d in deployments.items() if policy.spec.targets.selector.matches(d["metadata"]["labels"])]
     assert selected == ["chat-reference"]
+
+
+def _strip_none(x):
+    if isinstance(x, dict):
+        return {k: _strip_none(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_strip_none(v) for v in x]
+    return x
+
+
+def test_status_written_by_the_decision_code_is_stored_unpruned(objects, namespace):
+    """The rows and the decision the analysis code produces fit the CRD's status schema exactly:
+    nothing is refused and nothing silently pruned (a schema drift would lose evidence)."""
+    from lookahead_operator.decision import BatchVerdict, decide
+    from lookahead_operator.statistics import ComparisonResult, Direction, Thresholds, Verdict
+
+    th = Thresholds(min_latency_improvement=0.05, max_throughput_regression=0.02, confidence=0.99)
+
+    def res(direction, est, lo, hi, n=400):
+        return ComparisonResult(metric="m", direction=direction, threshold=0.05, confidence=0.99, n_control=n,
+                                n_canary=n + 3, control_mean=0.02, canary_mean=0.02 * (1 + est), estimate=est,
+                                interval=(lo, hi), verdict=Verdict.BETTER if est < 0 else Verdict.WORSE)
+
+    verdicts = [
+        BatchVerdict(1, res(Direction.LOWER_IS_BETTER, -0.31, -0.35, -0.27),
+                     res(Direction.HIGHER_IS_BETTER, 0.40, 0.33, 0.47), 0.42),
+        BatchVerdict(16, res(Direction.LOWER_IS_BETTER, 0.05, 0.03, 0.07),
+                     res(Direction.HIGHER_IS_BETTER, -0.06, -0.08, -0.04)),
+    ]
+    rows = [v.to_status(th) for v in verdicts]
+    decision = decide(verdicts, th, deadline_passed=False, max_batch_size=64).to_dict()
+    decision.update(id="g1-test", decidedAt="2026-11-30T03:00:00Z")
+    status = _strip_none({"phase": "Deciding", "batches": rows, "decision": decision,
+                          "crossoverBatchSize": decision.get("crossoverBatchSize")})
+
+    name = _unique("decided")
+    objects.create_namespaced_custom_object(G, V, namespace, P, minimal_body(name, namespace))
+    objects.patch_namespaced_custom_object_status(G, V, namespace, P, name, {"status": status})
+    stored = objects.get_namespaced_custom_object(G, V, namespace, P, name)["status"]
+    assert stored == status
+    parsed = LookaheadPolicyStatus.model_validate(stored)
+    assert parsed.batches[0].samples.control == 400 and parsed.batches[1].verdict == "Regresses"
+    assert parsed.decision.action == "PromoteRegimeAware" and parsed.decision.regime[0].enabled
