@@ -208,6 +208,11 @@ class Scheduler:
         with self._cond:
             return len(self._waiting)
 
+    @property
+    def alive(self) -> bool:
+        """The loop thread is running (False before start, after stop, or if it crashed)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
     def idle(self) -> bool:
         with self._cond:
             return not self._waiting and not self._running

@@ -477,6 +477,22 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+@web.middleware
+async def _json_http_errors(request: web.Request, handler):
+    """aiohttp's own 4xx/5xx (unknown path, wrong method, body too large) as OpenAI-style JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "internal_server_error"
+        return web.json_response(
+            {"error": {"message": f"{exc.reason}: {request.method} {request.path}",
+                       "type": kind, "param": None}},
+            status=exc.status, headers={k: v for k, v in exc.headers.items()
+                                        if k.lower() == "allow"})
+
+
 class EngineServer:
     """The aiohttp application and the process lifecycle (loading, ready, draining)."""
 
@@ -489,7 +505,7 @@ class EngineServer:
         self.draining = False
         self._inflight = 0
         self._idle: asyncio.Event | None = None
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[_json_http_errors])
         self.app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -540,6 +556,8 @@ class EngineServer:
             return web.json_response({"status": "draining"}, status=503)
         if self.engine is None:
             return web.json_response({"status": "loading"}, status=503)
+        if not self.engine.scheduler.alive:
+            return web.json_response({"status": "engine loop stopped"}, status=503)
         return web.json_response({"status": "ok"})
 
     async def models(self, request: web.Request) -> web.Response:

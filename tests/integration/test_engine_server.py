@@ -278,6 +278,10 @@ def test_bad_requests_get_4xx_naming_the_param_and_the_server_keeps_serving(engi
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and err["param"] == param, (body, err)
         assert err["message"]
+    r = e.client.get("/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = e.client.post("/v1/nothing", json={})
+    assert r.status_code == 404 and r.json()["error"]["message"]
     r = e.client.post("/v1/completions", json={"prompt": "hi", "temperature": 0.8})
     if which == "jacobi":
         assert "lookahead" in r.json()["error"]["message"]
