@@ -315,7 +315,8 @@ class DevCluster:
     """
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, detached: bool = False,
-                 start_timeout: float = 90.0):
+                 start_timeout: float = 90.0, apiserver_args: Sequence[str] = ()):
+        self.apiserver_args = list(apiserver_args)  # extra kube-apiserver flags (e.g. an audit log)
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-devcluster-"))
         self.detached = detached
@@ -425,6 +426,7 @@ class DevCluster:
             "--endpoint-reconciler-type=none",
             "--profiling=false",
             "--v=0",
+            *self.apiserver_args,
         ])
         self.write_admin_kubeconfig()
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))

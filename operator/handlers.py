@@ -25,7 +25,7 @@ from .models import GROUP, PLURAL, VERSION, LookaheadPolicySpec
 
 log = logging.getLogger("lookahead_operator")
 
-TICK_S = float(os.environ.get("LOOKAHEAD_TICK_SECONDS", "2"))
+TICK_S = float(os.environ.get("LOOKAHEAD_TICK_SECONDS", "5"))
 ANNOTATION_APPROVE = f"{b.GROUP}/approve"
 ANNOTATION_ABORT = f"{b.GROUP}/abort"
 _kube: Kube | None = None
@@ -132,6 +132,8 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
             if d is not None and ann.get(b.ANNOTATION_OWNER) == me and not ann.get(b.ANNOTATION_PROMOTED):
                 k.patch_deployment(ns, name, b.release_patch())
     elif action.kind == sm.ENSURE_ROLES:
+        if all(world.roles_present.get(r) for r in b.ROLES):
+            return
         source = measure.reference_target(world.targets)
         d = k.get_deployment(*source.key)
         if d is None:
@@ -198,32 +200,52 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_S, sharp=False, id="reconcile")
 def reconcile(body, spec, meta, patch: kopf.Patch, **_) -> None:
+    """One tick. When a pass moves the policy to a phase that has work to do at once (its plan asks
+    to look again within a second), run the next pass now rather than a tick later; the status is
+    carried forward in memory and patched once at the end."""
     metrics.RECONCILES.inc()
-    now = datetime.now(timezone.utc)
     model, error = _parse_spec(spec)
     body = dict(body)
-    phase_before = (body.get("status") or {}).get("phase") or sm.PENDING
-    try:
-        world = observe(body, model, error, now)
-        plan = sm.reconcile(world)
-        for action in plan.actions:
-            execute(body, model, world, action)
-    except Exception:
-        metrics.RECONCILE_ERRORS.labels(phase_before).inc()
-        raise
-    for type_, reason, message in plan.events:
-        kopf.event(body, type=type_, reason=reason, message=message)
-    phase_after = plan.status.get("phase") or sm.PENDING
-    if phase_after != phase_before:
-        metrics.TIME_IN_PHASE.labels(phase_before).observe(
-            measure.seconds_since((body.get("status") or {}).get("progress", {}).get("phaseSince"), now))
-        if phase_after == sm.ROLLED_BACK:
-            metrics.ROLLBACKS.labels(plan.status.get("rollback", {}).get("reason", "Decision")).inc()
-        if plan.status.get("decision") and phase_before == sm.DECIDING:
-            metrics.DECISIONS.labels(plan.status["decision"]["action"]).inc()
-    metrics.record_phase(f"{meta['namespace']}/{meta['name']}", phase_after)
-    for key, value in plan.status.items():
-        if (body.get("status") or {}).get(key) != value:
+    original = dict(body.get("status") or {})
+    status = original
+    for _ in range(MAX_PASSES_PER_TICK):
+        now = datetime.now(timezone.utc)
+        phase_before = status.get("phase") or sm.PENDING
+        try:
+            world = observe({**body, "status": status}, model, error, now)
+            plan = sm.reconcile(world)
+            for action in plan.actions:
+                execute(body, model, world, action)
+        except Exception:
+            metrics.RECONCILE_ERRORS.labels(phase_before).inc()
+            _write_status(patch, original, status)
+            raise
+        for type_, reason, message in plan.events:
+            kopf.event(body, type=type_, reason=reason, message=message)
+        phase_after = plan.status.get("phase") or sm.PENDING
+        if phase_after != phase_before:
+            _record_transition(status, plan.status, phase_before, phase_after, now)
+        status = plan.status
+        if phase_after == phase_before or plan.requeue_after > 1.0:
+            break
+    metrics.record_phase(f"{meta['namespace']}/{meta['name']}", status.get("phase") or sm.PENDING)
+    _write_status(patch, original, status)
+
+
+MAX_PASSES_PER_TICK = 4
+
+
+def _record_transition(old: dict, new: dict, before: str, after: str, now: datetime) -> None:
+    metrics.TIME_IN_PHASE.labels(before).observe(measure.seconds_since((old.get("progress") or {}).get("phaseSince"), now))
+    if after == sm.ROLLED_BACK:
+        metrics.ROLLBACKS.labels((new.get("rollback") or {}).get("reason", "Decision")).inc()
+    if new.get("decision") and before == sm.DECIDING:
+        metrics.DECISIONS.labels(new["decision"]["action"]).inc()
+
+
+def _write_status(patch: kopf.Patch, original: dict, status: dict) -> None:
+    for key, value in status.items():
+        if original.get(key) != value:
             patch.status[key] = value
 
 

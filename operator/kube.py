@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 from . import builders as b
 
 log = logging.getLogger("lookahead_operator.kube")
+USER_AGENT = "lookahead-operator/0.1"
 
 
 def _ignore(status: int, fn: Callable, *args, **kwargs):
@@ -51,6 +52,8 @@ def selector_string(selector: dict | None) -> str:
 class Kube:
     def __init__(self, api_client: client.ApiClient | None = None):
         self.api_client = api_client or client.ApiClient()
+        self.api_client.user_agent = USER_AGENT
+        self._crd_checked: tuple[float, bool] | None = None
         self.apps = client.AppsV1Api(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
@@ -147,8 +150,14 @@ class Kube:
         return n
 
     def has_pod_monitor_crd(self) -> bool:
+        """Whether the Prometheus Operator's PodMonitor CRD exists (looked up at most once a minute)."""
+        import time
+        if self._crd_checked and time.monotonic() - self._crd_checked[0] < 60:
+            return self._crd_checked[1]
         ext = client.ApiextensionsV1Api(self.api_client)
-        return _ignore(404, ext.read_custom_resource_definition, "podmonitors.monitoring.coreos.com") is not None
+        found = _ignore(404, ext.read_custom_resource_definition, "podmonitors.monitoring.coreos.com") is not None
+        self._crd_checked = (time.monotonic(), found)
+        return found
 
     def event(self, policy: dict, type_: str, reason: str, message: str, component: str = "lookahead-operator") -> None:
         from datetime import datetime, timezone

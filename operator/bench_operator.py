@@ -1,0 +1,198 @@
+"""`make bench-operator`: one operator process, many concurrent LookaheadPolicies, on the real
+local control plane.
+
+Measures, side by side in one run:
+- apply-to-canary-created latency: from the policy's create call returning to the canary
+  Deployment appearing in a watch (median, p95);
+- API requests per policy per minute in steady state, counted from the kube-apiserver's own
+  audit log (every request whose user agent is the operator's: Kopf's or our client's);
+- the operator's resident memory (psutil).
+
+Targets are Deployments with zero replicas (nothing needs to run): each policy claims its target,
+runs its preflight against a real (empty) Prometheus, which finds no fleet metrics and degrades
+to Unknown (measurement would go ahead), creates its canary and control, and then waits in
+Launching for pods that never come: the steady state of a policy holding a canary.
+Prints a table, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+"""
+
+
+def _deployment(ns: str) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llm", "namespace": ns, "labels": {"app": "llm"}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "llm"}},
+                     "template": {"metadata": {"labels": {"app": "llm"}},
+                                  "spec": {"containers": [{"name": "engine", "image": "local/reference-engine",
+                                                           "command": ["python3", "-m", "lookahead_canary.server"],
+                                                           "args": ["--port", "8000"]}]}}}}
+
+
+def _policy(ns: str, prometheus_url: str) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LookaheadPolicy", "metadata": {"name": "bench", "namespace": ns},
+            "spec": {"targets": {"selector": {"matchLabels": {"app": "llm"}}}, "engine": "reference",
+                     "load": {"batchSizes": [1, 8]}, "promotion": {"mode": "analysisOnly", "waves": ["100%"]},
+                     "analysis": {"prometheus": {"url": prometheus_url}}}}
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _operator_requests(audit_log: Path, since: float, until: float) -> int:
+    from datetime import datetime
+    n = 0
+    with open(audit_log) as f:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            ua = ev.get("userAgent", "")
+            if not (ua.startswith("kopf/") or ua.startswith("lookahead-operator/")):
+                continue
+            if ev.get("stage") != "ResponseComplete":
+                continue
+            t = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if since <= t < until:
+                n += 1
+    return n
+
+
+def run(policies: int, steady_s: float, tick_s: float) -> dict:
+    from kubernetes import client, watch
+
+    from .devcluster import DevCluster, DevPrometheus, free_port, wait_for
+
+    state = Path(tempfile.mkdtemp(prefix="lookahead-bench-operator-"))
+    (state / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    audit_log = state / "audit.log"
+    cluster = DevCluster(state / "cluster", apiserver_args=[
+        f"--audit-policy-file={state / 'audit-policy.yaml'}", f"--audit-log-path={audit_log}",
+        "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s"])
+    cluster.start()
+    prometheus = DevPrometheus(state / "prometheus").start()
+    op = None
+    try:
+        api = cluster.api_client()
+        core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+        ext = client.ApiextensionsV1Api(api)
+        ext.create_custom_resource_definition(yaml.safe_load((REPO / "crds" / "lookaheadpolicies.yaml").read_text()))
+        wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                             ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}").status.conditions or []),
+                 30, "CRD established")
+        namespaces = [f"bench-{i:03d}" for i in range(policies)]
+        for ns in namespaces:
+            core.create_namespace({"metadata": {"name": ns}})
+            apps.create_namespaced_deployment(ns, _deployment(ns))
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "LOOKAHEAD_TICK_SECONDS": str(tick_s),
+               "LOOKAHEAD_METRICS_PORT": str(free_port()), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1"}
+        log = open(state / "operator.log", "wb")
+        op = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m",
+                               "lookahead_operator.handlers"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+        proc = psutil.Process(op.pid)
+        created: dict[str, float] = {}
+        seen: dict[str, float] = {}
+        done = threading.Event()
+
+        def watch_canaries():
+            w = watch.Watch()
+            for ev in w.stream(apps.list_deployment_for_all_namespaces, label_selector="lookahead.dev/role=canary",
+                               timeout_seconds=int(steady_s + 600)):
+                ns = ev["object"].metadata.namespace
+                seen.setdefault(ns, time.time())
+                if len(seen) >= policies or done.is_set():
+                    w.stop()
+
+        watcher = threading.Thread(target=watch_canaries, daemon=True)
+        watcher.start()
+        time.sleep(0)  # let the watch open before the first policy (it lists first, so nothing is missed anyway)
+        # wait until the operator is up (its metrics answer) before applying
+        import urllib.request
+        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{env['LOOKAHEAD_METRICS_PORT']}/metrics", timeout=2),
+                 60, "operator metrics endpoint")
+        try:
+            from rich.progress import track
+        except ImportError:  # pragma: no cover
+            def track(x, **_):
+                return x
+        for ns in track(namespaces, description="applying policies"):
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _policy(ns, prometheus.url))
+            created[ns] = time.time()
+        wait_for(lambda: len(seen) >= policies, 600, "every canary created", interval=0.5)
+        latencies = [seen[ns] - created[ns] for ns in namespaces]
+        t0 = time.time()
+        rss_samples = []
+        while time.time() - t0 < steady_s:
+            rss_samples.append(proc.memory_info().rss / 2**20)
+            time.sleep(1)
+        t1 = time.time()
+        done.set()
+        time.sleep(2.5)  # the audit log is written in 1 s batches: let the window's last batch land
+        requests = _operator_requests(audit_log, t0, t1)
+        return {
+            "policies": policies,
+            "tick_seconds": tick_s,
+            "steady_seconds": round(t1 - t0, 1),
+            "apply_to_canary_median_s": round(statistics.median(latencies), 3),
+            "apply_to_canary_p95_s": round(_percentile(latencies, 0.95), 3),
+            "apply_to_canary_max_s": round(max(latencies), 3),
+            "api_requests_total": requests,
+            "api_requests_per_policy_per_min": round(requests / policies / ((t1 - t0) / 60), 2),
+            "rss_mb": round(statistics.median(rss_samples), 1),
+            "rss_max_mb": round(max(rss_samples), 1),
+        }
+    finally:
+        if op is not None:
+            from .devcluster import kill_process_group
+            kill_process_group(op.pid)
+        prometheus.stop()
+        cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policies", type=int, default=50)
+    ap.add_argument("--steady", type=float, default=120, help="seconds of steady state to count requests over")
+    ap.add_argument("--tick", type=float, default=5, help="the operator's reconcile interval (seconds)")
+    args = ap.parse_args(argv)
+    result = run(args.policies, args.steady, args.tick)
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table("figure", "value", title=f"{args.policies} concurrent policies, one operator process")
+    for k, v in result.items():
+        t.add_row(k, str(v))
+    Console(stderr=False).print(t)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
