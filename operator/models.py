@@ -18,11 +18,12 @@ Gates (what ``kubectl lookahead pause|resume|approve|abort`` does):
 * pause / resume: ``spec.paused`` (a spec field: it is desired state, and GitOps tools can own it).
   It bumps ``metadata.generation``, so the operator must not treat a change of ``paused`` alone as
   a spec edit: compare :meth:`LookaheadPolicySpec.fingerprint`, which leaves ``paused`` out.
-* approve: annotation ``lookahead.dev/approve`` whose value is the ``status.decision.id`` being
-  approved (or the wave number being approved, ``wave-<n>``). A stale approval (of an earlier
-  decision) does not match and is ignored. Needed only when ``spec.promotion.requireApproval``.
-* abort: annotation ``lookahead.dev/abort`` (value: a reason in words). The operator rolls back
-  what it promoted and ends in ``RolledBack`` (or ``Failed`` before any promotion).
+* approve: annotation ``lookahead.dev/approve`` whose value is the ``metadata.generation`` being
+  approved (what ``lookahead_operator.handlers`` reads). An approval of an earlier generation
+  does not match after a spec edit and is ignored. Needed only when
+  ``spec.promotion.requireApproval``.
+* abort: annotation ``lookahead.dev/abort: "true"``. The operator rolls back what it promoted
+  and ends in ``RolledBack``.
 
 Annotations do not bump ``metadata.generation``, so approving or aborting never restarts a
 measurement. What the operator saw of the gates is mirrored in ``status.gates``.
@@ -871,7 +872,7 @@ class Decision(StatusModel):
     """``lookahead_operator.decision.Decision.to_dict()`` plus when, an id and the promoted config."""
 
     id: Optional[str] = Field(default=None, max_length=64,
-                              description="Identifies this decision: what `kubectl lookahead approve` names.")
+                              description="Identifies this decision (generation and action).")
     action: DecisionAction
     reason: str = Field(max_length=MAX_MESSAGE, description="The reason in words, with the numbers.")
     decided_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
@@ -937,7 +938,7 @@ class Gates(StatusModel):
     paused: Optional[bool] = None
     awaiting_approval: Optional[bool] = None
     approved: Optional[bool] = None
-    approved_decision: Optional[str] = Field(default=None, description="The decision id the approval named.")
+    approved_generation: Optional[int] = Field(default=None, ge=0, description="The generation the approval named.")
     approved_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
     aborted: Optional[bool] = None
     abort_reason: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)

@@ -291,7 +291,7 @@ def _status() -> dict:
         "waves": [{"index": 1, "percent": 10, "state": "Guarding", "targets": ["inference/chat-reference"],
                    "startedAt": now, "throughputChange": -0.004},
                   {"index": 2, "percent": 50}, {"index": 3, "percent": 100}],
-        "gates": {"paused": False, "awaitingApproval": False, "approved": True, "approvedDecision": "g1-a1b2",
+        "gates": {"paused": False, "awaitingApproval": False, "approved": True, "approvedGeneration": 1,
                   "approvedAt": now},
         "report": "configmap/lap-chat-fleet-report",
     }).to_dict()

@@ -1,11 +1,286 @@
-"""load_model on the tiny random model and the chat template helper (no SmolLM2 weights needed
-beyond its tokenizer, which is read from the GGUF once and cached)."""
+"""Models: the LookaheadPolicy API (lookahead_operator.models: defaults, parsing, errors that
+name the field) and, in the second part, load_model (lookahead_canary.models)."""
+
 from __future__ import annotations
+
+import copy
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from pydantic import ValidationError
 
 from lookahead_canary.models import chat_prompt, eos_ids, load_model, smollm2_gguf_path
+
+from lookahead_operator.models import (
+    Condition,
+    LabelSelector,
+    LookaheadPolicy,
+    LookaheadPolicySpec,
+    LookaheadPolicyStatus,
+    Phase,
+    format_duration,
+    parse_duration,
+    parse_percent,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-fleet.yaml"
+MINIMAL = {"targets": {"selector": {"matchLabels": {"app": "llm-chat"}}}}
+
+
+def spec_with(**paths):
+    """MINIMAL plus dotted-path overrides: spec_with(**{"lookahead.window": 3})."""
+    out = copy.deepcopy(MINIMAL)
+    for dotted, value in paths.items():
+        d = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[leaf] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# parsing helpers
+
+@pytest.mark.parametrize("text, want", [
+    ("2%", 2.0), ("2.5%", 2.5), ("2", 2.0), (" 10 % ", 10.0), ("0%", 0.0), ("100%", 100.0), (5, 5.0), (7.5, 7.5),
+])
+def test_parse_percent(text, want):
+    assert parse_percent(text) == want
+
+
+@pytest.mark.parametrize("bad", ["150%", "-1%", "two percent", "", "2%%", True, None, [2], float("nan")])
+def test_parse_percent_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_percent(bad)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("2m", 120.0), ("90s", 90.0), ("1h30m", 5400.0), ("500ms", 0.5), ("1.5h", 5400.0), ("1h0m10s", 3610.0), (30, 30.0),
+])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["2 minutes", "2", "m", "1d", "-5m", "", "2M", None, True])
+def test_parse_duration_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_format_duration_round_trips():
+    for s in (5400, 120, 45, 3661):
+        assert parse_duration(format_duration(s)) == s
+    assert format_duration(0) == "0s"
+
+
+# ------------------------------------------------------------------------------------------
+# defaults
+
+def test_defaults_match_the_design_sketch():
+    spec = LookaheadPolicySpec.model_validate(MINIMAL)
+    assert spec.engine == "auto"
+    la = spec.lookahead
+    assert (la.method, la.window, la.ngram, la.guess_set, la.num_speculative_tokens) == ("jacobi", 7, 5, 7, 4)
+    assert (la.prompt_lookup_min, la.prompt_lookup_max) == (2, 5)
+    assert la.tokens_per_step == 1 + (7 + 7) * 4
+    assert spec.canary.replicas == 1
+    assert spec.load.mode == "sweep" and spec.load.auto_batch_sizes and spec.load.batch_sizes is None
+    assert spec.load.prompts.builtin == "chat" and spec.load.prompts.config_map_ref is None
+    assert spec.load.step_seconds == 120 and spec.load.warmup_seconds == 30 and spec.load.min_samples_per_step == 50
+    an = spec.analysis
+    assert an.prometheus.url == "http://prometheus.monitoring:9090"
+    assert an.max_throughput_regression_pct == 2.0 and an.min_latency_improvement_pct == 5.0
+    assert an.confidence == 0.99 and an.deadline_seconds == 1800
+    pr = spec.promotion
+    assert pr.mode == "regimeAware" and pr.wave_percents == [10, 50, 100]
+    assert pr.guard_seconds == 600 and pr.guard.max_throughput_regression is None and pr.require_approval is False
+    assert spec.paused is False
+
+
+def test_example_policy_validates():
+    body = yaml.safe_load(EXAMPLE.read_text())
+    policy = LookaheadPolicy.from_body(body)
+    assert policy.metadata["name"] == "chat-fleet"
+    assert policy.spec.targets.namespace_selector.match_labels == {"tier": "serving"}
+    assert policy.spec.promotion.waves == ["10%", "50%", "100%"]
+
+
+def test_wire_form_is_camel_case_and_round_trips():
+    spec = LookaheadPolicySpec.model_validate(spec_with(**{"load.batchSizes": [1, 4, 16]}))
+    wire = spec.to_dict()
+    assert wire["lookahead"]["guessSet"] == 7 and wire["load"]["batchSizes"] == [1, 4, 16]
+    assert "guess_set" not in wire["lookahead"]
+    assert LookaheadPolicySpec.model_validate(wire) == spec
+    # snake_case names work too (populate_by_name)
+    assert LookaheadPolicySpec.model_validate({"targets": {"selector": {"match_labels": {"a": "b"}}},
+                                               "lookahead": {"guess_set": 3}}).lookahead.guess_set == 3
+
+
+def test_what_the_apiserver_stores_validates():
+    """A spec with every default filled in, exactly as the apiserver returns it."""
+    stored = LookaheadPolicySpec.model_validate(MINIMAL).to_dict()
+    assert LookaheadPolicySpec.model_validate(stored).to_dict() == stored
+
+
+def test_batch_sizes_auto_string_is_accepted_in_python():
+    assert LookaheadPolicySpec.model_validate(spec_with(**{"load.batchSizes": "auto"})).load.batch_sizes is None
+    assert LookaheadPolicySpec.model_validate(spec_with(**{"load.batchSizes": []})).load.auto_batch_sizes
+
+
+def test_fingerprint_ignores_paused_only():
+    a = LookaheadPolicySpec.model_validate(MINIMAL)
+    b = LookaheadPolicySpec.model_validate(spec_with(paused=True))
+    c = LookaheadPolicySpec.model_validate(spec_with(**{"lookahead.window": 3}))
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_percent_values_keep_their_spelling():
+    spec = LookaheadPolicySpec.model_validate(spec_with(**{"analysis.maxThroughputRegression": 3,
+                                                           "analysis.minLatencyImprovement": "7.5%"}))
+    assert spec.to_dict()["analysis"]["maxThroughputRegression"] == 3
+    assert spec.analysis.min_latency_improvement_pct == 7.5
+
+
+def test_speculative_config_per_method():
+    jac = LookaheadPolicySpec.model_validate(MINIMAL).lookahead.speculative_config()
+    assert jac == {"method": "jacobi", "window": 7, "ngram": 5, "guess_set": 7}
+    ng = LookaheadPolicySpec.model_validate(spec_with(**{"lookahead.method": "ngram"})).lookahead.speculative_config()
+    assert ng == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
+def test_label_selector_helpers():
+    sel = LabelSelector.model_validate({"matchLabels": {"app": "x"},
+                                        "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]},
+                                                             {"key": "skip", "operator": "DoesNotExist"}]})
+    assert sel.matches({"app": "x", "tier": "a"})
+    assert not sel.matches({"app": "x", "tier": "c"})
+    assert not sel.matches({"app": "x", "tier": "a", "skip": "1"})
+    assert sel.to_label_selector_string() == "app=x,tier in (a,b),!skip"
+
+
+def test_namespace_scope():
+    t = LookaheadPolicySpec.model_validate(MINIMAL).targets
+    assert t.namespace_scope("inference") == (["inference"], None)
+    t2 = LookaheadPolicySpec.model_validate(spec_with(**{"targets.namespaces": ["a", "b"]})).targets
+    assert t2.namespace_scope("inference") == (["a", "b"], None)
+
+
+# ------------------------------------------------------------------------------------------
+# invalid specs: each error names the field
+
+INVALID = {
+    "missing targets": ({"engine": "auto"}, "targets"),
+    "empty selector": (spec_with(**{"targets.selector": {}}), "selector"),
+    "In without values": (spec_with(**{"targets.selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}),
+                          "values"),
+    "unknown engine": (spec_with(engine="tensorrt"), "engine"),
+    "unknown method": (spec_with(**{"lookahead.method": "medusa"}), "method"),
+    "negative window": (spec_with(**{"lookahead.window": -1}), "window"),
+    "ngram < 2": (spec_with(**{"lookahead.ngram": 1}), "ngram"),
+    "negative guessSet": (spec_with(**{"lookahead.guessSet": -1}), "guessSet"),
+    "numSpeculativeTokens 0": (spec_with(**{"lookahead.method": "ngram", "lookahead.numSpeculativeTokens": 0}),
+                               "numSpeculativeTokens"),
+    "promptLookupMin > max": (spec_with(**{"lookahead.promptLookupMin": 6, "lookahead.promptLookupMax": 3}),
+                              "promptLookupMin"),
+    "jacobi too many tokens": (spec_with(**{"lookahead.window": 64, "lookahead.guessSet": 64, "lookahead.ngram": 16}),
+                               "window"),
+    "jacobi on vllm": (spec_with(engine="vllm"), "lookahead.method"),
+    "canary replicas 0": (spec_with(**{"canary.replicas": 0}), "replicas"),
+    "batchSizes not increasing": (spec_with(**{"load.batchSizes": [1, 4, 2]}), "batchSizes"),
+    "batchSizes repeated": (spec_with(**{"load.batchSizes": [1, 4, 4]}), "batchSizes"),
+    "batchSizes zero": (spec_with(**{"load.batchSizes": [0, 4]}), "batchSizes"),
+    "batchSizes word": (spec_with(**{"load.batchSizes": "many"}), "batchSizes"),
+    "bad duration": (spec_with(**{"load.stepDuration": "2 minutes"}), "stepDuration"),
+    "warmup >= step": (spec_with(**{"load.warmup": "5m"}), "warmup"),
+    "live without livePercent": (spec_with(**{"load.mode": "live"}), "livePercent"),
+    "prompts both": (spec_with(**{"load.prompts": {"builtin": "chat", "configMapRef": {"name": "p"}}}), "configMapRef"),
+    "prompts unknown builtin": (spec_with(**{"load.prompts": {"builtin": "poetry"}}), "builtin"),
+    "throughput regression 150%": (spec_with(**{"analysis.maxThroughputRegression": "150%"}), "maxThroughputRegression"),
+    "latency improvement -5": (spec_with(**{"analysis.minLatencyImprovement": -5}), "minLatencyImprovement"),
+    "fractional number percent": (spec_with(**{"analysis.maxThroughputRegression": 2.5}), "maxThroughputRegression"),
+    "confidence 1.5": (spec_with(**{"analysis.confidence": 1.5}), "confidence"),
+    "confidence 0.5": (spec_with(**{"analysis.confidence": 0.5}), "confidence"),
+    "deadline < step": (spec_with(**{"analysis.deadline": "1m"}), "analysis.deadline"),
+    "waves not increasing": (spec_with(**{"promotion.waves": ["50%", "10%", "100%"]}), "waves"),
+    "waves not ending at 100": (spec_with(**{"promotion.waves": ["10%", "50%"]}), "100%"),
+    "wave over 100": (spec_with(**{"promotion.waves": ["10%", "150%"]}), "waves"),
+    "unknown promotion mode": (spec_with(**{"promotion.mode": "yolo"}), "mode"),
+    "unknown field": (spec_with(**{"lookahead.windw": 3}), "windw"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_invalid_spec_names_the_field(case):
+    body, field = INVALID[case]
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(body)
+    assert field in str(err.value), f"{case}: {field!r} not in {err.value}"
+
+
+# ------------------------------------------------------------------------------------------
+# status
+
+def test_status_round_trip_and_lenient():
+    raw = {
+        "phase": "Measuring",
+        "observedGeneration": 2,
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Valid", "message": "ok",
+                        "lastTransitionTime": "2026-11-30T03:00:00Z", "observedGeneration": 2}],
+        "batches": [{"batchSize": 1, "controlTpotMs": 21.0, "canaryTpotMs": 13.1, "tpotChange": -0.376,
+                     "tpotInterval": [-0.41, -0.33], "acceptanceRate": 0.42, "samples": {"control": 120, "canary": 118}, "verdict": "Wins"}],
+        "crossoverBatchSize": 8,
+        "decision": {"id": "g2-1", "action": "PromoteRegimeAware", "reason": "wins below 8",
+                     "decidedAt": "2026-11-30T03:10:00Z", "crossoverBatchSize": 8,
+                     "regime": [{"start": 1, "end": 7, "enabled": True}, {"start": 8, "end": 256, "enabled": False}],
+                     "outcomes": {"1": "Wins", "8": "Regresses"}, "config": {"speculative_config": {"method": "jacobi"}}},
+        "targets": [{"namespace": "inference", "name": "chat-vllm", "engine": "vllm", "promoted": False,
+                     "savedTemplate": {"spec": {"containers": [{"name": "x"}]}}}],
+        "gates": {"awaitingApproval": True},
+        "someFutureField": 1,
+    }
+    st = LookaheadPolicyStatus.model_validate(raw)
+    assert st.phase == Phase.Measuring and st.batches[0].verdict == "Wins"
+    assert st.decision.regime[1].enabled is False
+    out = st.to_dict()
+    assert "someFutureField" not in out and out["batches"][0]["tpotInterval"] == [-0.41, -0.33]
+    assert out["conditions"][0]["lastTransitionTime"] == "2026-11-30T03:00:00Z"
+    assert LookaheadPolicyStatus.model_validate(out) == st
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"phase": "Dancing"}, "phase"),
+    ({"conditions": [{"type": "Accepted", "status": "Maybe", "reason": "X", "lastTransitionTime": "2026-11-30T03:00:00Z"}]},
+     "status"),
+    ({"batches": [{"batchSize": 0}]}, "batchSize"),
+    ({"decision": {"action": "Party", "reason": "x"}}, "action"),
+])
+def test_invalid_status_names_the_field(bad, field):
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicyStatus.model_validate(bad)
+    assert field in str(err.value)
+
+
+def test_condition_reason_is_camel_case():
+    with pytest.raises(ValidationError):
+        Condition.model_validate({"type": "Accepted", "status": "True", "reason": "not ok",
+                                  "lastTransitionTime": "2026-11-30T03:00:00Z"})
+
+
+def test_enum_fields_hold_members_whether_given_or_defaulted():
+    given = LookaheadPolicySpec.model_validate(spec_with(engine="reference", **{"load.prompts": {"builtin": "code"}}))
+    default = LookaheadPolicySpec.model_validate(MINIMAL)
+    for spec, engine, prompts in ((given, "reference", "code"), (default, "auto", "chat")):
+        assert spec.engine == engine and spec.engine.value == engine and f"{spec.engine}" == engine
+        assert spec.load.prompts.builtin.value == prompts and spec.lookahead.method.value == "jacobi"
+        assert spec.to_dict()["engine"] == engine
+
+
+# ==========================================================================================
+# lookahead_canary.models: load_model on the tiny random model and the chat template helper
+# (no SmolLM2 weights needed beyond its tokenizer, which is read from the GGUF once and cached).
 
 
 def test_tiny_is_a_deterministic_llama_with_smollm2_tokenizer():
