@@ -427,3 +427,16 @@ def test_a_client_that_goes_away_frees_its_batch_slot(engines):
              10, "the abandoned request to be aborted")
     wait_for(lambda: s.metric("vllm:num_requests_running") == 0, 10, "the slot to be freed")
     assert s.complete(prompt="next", max_tokens=3)["usage"]["completion_tokens"] == 3
+
+
+def test_sigterm_while_the_model_loads_exits_0_at_once():
+    e = Engine("--model", "tiny")
+    try:
+        wait_for(lambda: e.health() == 503, 30, "the server to listen while loading")
+        assert e.health_seen[-1] == (503, "loading")
+        r = e.client.post("/v1/completions", json={"prompt": "early", "max_tokens": 2})
+        assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+        e.proc.send_signal(signal.SIGTERM)
+        assert e.proc.wait(15) == 0, e.output()
+    finally:
+        e.stop()
