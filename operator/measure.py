@@ -204,26 +204,8 @@ def batch_verdict(spec: Any, policy_name: str, batch_size: int, start: datetime,
 
 
 def batch_row(bv: BatchVerdict, th: Thresholds) -> dict[str, Any]:
-    lat, tp = bv.latency, bv.throughput
-
-    def ms(x):
-        return None if x is None else round(x * 1000, 3)
-
-    def pct(x):
-        return None if x is None else round(x * 100, 2)
-
-    return {
-        "batchSize": bv.batch_size,
-        "controlTpotMs": ms(lat.control_mean), "canaryTpotMs": ms(lat.canary_mean),
-        "tpotChange": pct(lat.estimate), "tpotInterval": [pct(x) for x in lat.interval] if lat.interval else None,
-        "controlTokensPerS": None if tp.control_mean is None else round(tp.control_mean, 3),
-        "canaryTokensPerS": None if tp.canary_mean is None else round(tp.canary_mean, 3),
-        "throughputChange": pct(tp.estimate),
-        "throughputInterval": [pct(x) for x in tp.interval] if tp.interval else None,
-        "acceptanceRate": None if bv.acceptance_rate is None else round(min(1.0, max(0.0, bv.acceptance_rate)), 4),
-        "samples": min(lat.n_control, lat.n_canary),
-        "verdict": _verdict_word(bv, th),
-    }
+    """The status.batches row: the decision module's own rendering, so there is one definition."""
+    return bv.to_status(th)
 
 
 def _seconds(v: Any) -> float:
@@ -253,28 +235,28 @@ def _engine(status: dict) -> str:
 
 
 def _comparison_from_row(row: dict, th: Thresholds) -> BatchVerdict:
-    """Rebuild a verdict from a stored status row (the row holds every number the decision needs),
-    so a restarted operator decides from what is in the cluster."""
+    """Rebuild a verdict from a stored status row (it holds every number the decision needs), so
+    a restarted operator decides from what is in the cluster, not from memory."""
     from .statistics import ComparisonResult, Direction, Verdict
 
-    def comp(metric, direction, threshold, c_mean, k_mean, est, interval, scale):
-        iv = tuple(x / 100 for x in interval) if interval else None
-        n = int(row.get("samples") or 0)
-        verdict = Verdict.NOT_ENOUGH_DATA
-        if iv is not None and n >= th.min_samples:
-            good = (-iv[1], -iv[0]) if direction is Direction.LOWER_IS_BETTER else iv
-            verdict = (Verdict.BETTER if good[0] > threshold else Verdict.WORSE if good[1] < -threshold
-                       else Verdict.EQUIVALENT if -threshold < good[0] and good[1] < threshold
-                       else Verdict.NOT_ENOUGH_DATA)
-        return ComparisonResult(metric, direction, threshold, th.confidence, n, n,
-                                None if c_mean is None else c_mean / scale, None if k_mean is None else k_mean / scale,
-                                None if est is None else est / 100, iv, verdict)
+    samples = row.get("samples") or {}
+    n_control, n_canary = int(samples.get("control", 0)), int(samples.get("canary", 0))
+    confidence = float(row.get("confidence") or th.confidence)
+
+    def comp(metric, direction, threshold, c_mean, k_mean, key, verdict):
+        iv = row.get(f"{key}Interval")
+        return ComparisonResult(metric, direction, threshold, confidence, n_control, n_canary, c_mean, k_mean,
+                                row.get(f"{key}Change"), tuple(iv) if iv else None,
+                                Verdict(verdict or Verdict.NOT_ENOUGH_DATA.value))
+
+    def seconds(ms):
+        return None if ms is None else ms / 1e3
 
     lat = comp("per_token_latency_seconds", Direction.LOWER_IS_BETTER, th.min_latency_improvement,
-               row.get("controlTpotMs"), row.get("canaryTpotMs"), row.get("tpotChange"), row.get("tpotInterval"), 1000)
+               seconds(row.get("controlTpotMs")), seconds(row.get("canaryTpotMs")), "tpot", row.get("latencyVerdict"))
     tp = comp("output_tokens_per_second", Direction.HIGHER_IS_BETTER, th.max_throughput_regression,
-              row.get("controlTokensPerS"), row.get("canaryTokensPerS"), row.get("throughputChange"),
-              row.get("throughputInterval"), 1)
+              row.get("controlTokensPerSecond"), row.get("canaryTokensPerSecond"), "throughput",
+              row.get("throughputVerdict"))
     return BatchVerdict(int(row["batchSize"]), lat, tp, row.get("acceptanceRate"))
 
 

@@ -38,14 +38,18 @@ def status_rows(policy: dict) -> list[list[str]]:
     def f(x, fmt="{:.2f}"):
         return "-" if x is None else fmt.format(x)
 
+    def pct(x):
+        return None if x is None else 100 * x
+
     rows = []
     for r in (policy.get("status") or {}).get("batches") or []:
         iv = r.get("tpotInterval")
+        n = r.get("samples") or {}
         rows.append([str(r["batchSize"]), f(r.get("controlTpotMs")), f(r.get("canaryTpotMs")),
-                     f(r.get("tpotChange"), "{:+.1f}%") + (f" [{iv[0]:+.1f}, {iv[1]:+.1f}]" if iv else ""),
-                     f(r.get("controlTokensPerS"), "{:.1f}"), f(r.get("canaryTokensPerS"), "{:.1f}"),
-                     f(r.get("throughputChange"), "{:+.1f}%"), f(r.get("acceptanceRate"), "{:.2f}"),
-                     str(r.get("samples", "-")), r.get("verdict", "-")])
+                     f(pct(r.get("tpotChange")), "{:+.1f}%") + (f" [{100 * iv[0]:+.1f}, {100 * iv[1]:+.1f}]" if iv else ""),
+                     f(r.get("controlTokensPerSecond"), "{:.1f}"), f(r.get("canaryTokensPerSecond"), "{:.1f}"),
+                     f(pct(r.get("throughputChange")), "{:+.1f}%"), f(r.get("acceptanceRate"), "{:.2f}"),
+                     f"{n.get('control', '-')}/{n.get('canary', '-')}" if n else "-", r.get("verdict", "-")])
     return rows
 
 

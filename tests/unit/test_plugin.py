@@ -17,13 +17,14 @@ def test_abort_and_pause_patches():
 def test_status_table_formats_rows_and_missing_values():
     policy = {"metadata": {"name": "p", "namespace": "ns"},
               "status": {"phase": "Measuring", "batches": [
-                  {"batchSize": 1, "controlTpotMs": 20.0, "canaryTpotMs": 12.5, "tpotChange": -37.5,
-                   "tpotInterval": [-41.0, -33.9], "controlTokensPerS": 50.0, "canaryTokensPerS": 80.0,
-                   "throughputChange": 60.0, "acceptanceRate": 0.42, "samples": 30, "verdict": "Wins"},
+                  {"batchSize": 1, "controlTpotMs": 20.0, "canaryTpotMs": 12.5, "tpotChange": -0.375,
+                   "tpotInterval": [-0.41, -0.339], "controlTokensPerSecond": 50.0, "canaryTokensPerSecond": 80.0,
+                   "throughputChange": 0.6, "acceptanceRate": 0.42, "samples": {"control": 30, "canary": 31},
+                   "verdict": "Wins"},
                   {"batchSize": 8, "verdict": "Pending"}]}}
     rows = plugin.status_rows(policy)
     assert rows[0][:4] == ["1", "20.00", "12.50", "-37.5% [-41.0, -33.9]"]
-    assert rows[0][-1] == "Wins" and rows[1][1] == "-" and rows[1][-1] == "Pending"
+    assert rows[0][-1] == "Wins" and rows[0][-2] == "30/31" and rows[1][1] == "-" and rows[1][-1] == "Pending"
     out = io.StringIO()
     plugin.print_status(policy, out)
     assert "Measuring" in out.getvalue() and "Wins" in out.getvalue()
