@@ -83,7 +83,8 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
         return world
     annotations = meta.get("annotations") or {}
     approve = annotations.get(ANNOTATION_APPROVE)
-    world.approved_generation = int(approve) if approve and approve.isdigit() else None
+    world.approved_decision = approve or None
+    world.fingerprint = spec.fingerprint()
     world.abort_requested = annotations.get(ANNOTATION_ABORT, "").lower() in ("true", "1", "yes")
 
     namespaces = k.target_namespaces(meta["namespace"], _dump(spec.targets.namespace_selector),
@@ -96,7 +97,7 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
 
     phase = status.get("phase") or sm.PENDING
     progress = status.get("progress") or {}
-    if progress.get("generation") not in (None, world.generation):
+    if progress.get("fingerprint") not in (None, world.fingerprint):
         return world  # the spec changed: the state machine restarts; measure nothing old
     if phase == sm.PREFLIGHT:
         world.preflight, world.auto_batch_sizes = measure.preflight(spec, world.targets)

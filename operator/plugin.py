@@ -2,8 +2,8 @@
 the Kubernetes API on LookaheadPolicy objects. The operator sees them on its next tick and says so
 in status and events.
 
-- approve: annotation ``lookahead.dev/approve=<generation>`` (an approval names the spec it saw;
-  editing the spec needs a new approval)
+- approve: annotation ``lookahead.dev/approve=<decision id>`` (an approval names the decision it
+  saw; a changed spec makes a new decision, which needs a new approval)
 - abort:   annotation ``lookahead.dev/abort=true`` (rolls back whatever was promoted)
 - pause / resume: ``spec.paused``
 """
@@ -18,8 +18,16 @@ from typing import Any
 GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"
 
 
+class GateError(ValueError):
+    pass
+
+
 def approve_patch(policy: dict) -> dict:
-    return {"metadata": {"annotations": {f"{GROUP}/approve": str(policy["metadata"]["generation"])}}}
+    decision = (policy.get("status") or {}).get("decision") or {}
+    if not decision.get("id") or decision.get("action") not in ("Promote", "PromoteRegimeAware"):
+        raise GateError(f"nothing to approve: the policy's decision is {decision.get('action') or 'not made yet'} "
+                        "(kubectl lookahead status shows it)")
+    return {"metadata": {"annotations": {f"{GROUP}/approve": decision["id"]}}}
 
 
 def abort_patch(reason: str | None = None) -> dict:
@@ -115,12 +123,11 @@ def run_gate(args: argparse.Namespace) -> int:
             print(f"error: LookaheadPolicy {ns}/{args.policy} not found (kubectl get lap -n {ns})", file=sys.stderr)
             return 1
         raise
-    patch: dict[str, Any] | None = {
-        "approve": lambda: approve_patch(policy),
-        "abort": lambda: abort_patch(getattr(args, "reason", None)),
-        "pause": lambda: pause_patch(True),
-        "resume": lambda: pause_patch(False),
-    }.get(args.verb, lambda: None)()
+    try:
+        patch = _gate_patch(args, policy)
+    except GateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if patch is not None:
         api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, args.policy, patch)
         print(f"lookaheadpolicy.{GROUP}/{args.policy} {args.verb}{'d' if args.verb.endswith('e') else 'ed'}")
@@ -133,3 +140,12 @@ def run_gate(args: argparse.Namespace) -> int:
                       "batches": st.get("batches"), "preflight": st.get("preflight"), "guard": st.get("guard"),
                       "rollback": st.get("rollback"), "targets": st.get("targets")}, indent=2))
     return 0
+
+
+def _gate_patch(args: argparse.Namespace, policy: dict) -> dict | None:
+    return {
+        "approve": lambda: approve_patch(policy),
+        "abort": lambda: abort_patch(getattr(args, "reason", None)),
+        "pause": lambda: pause_patch(True),
+        "resume": lambda: pause_patch(False),
+    }.get(args.verb, lambda: None)()

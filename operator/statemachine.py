@@ -81,7 +81,8 @@ class Observed:
     step: StepMeasurement | None = None
     decision: dict | None = None       # the decision computed from status.batches when Deciding
     guard: GuardCheck | None = None
-    approved_generation: int | None = None   # `kubectl lookahead approve` writes it
+    fingerprint: str = ""              # LookaheadPolicySpec.fingerprint(): what is measured (not `paused`)
+    approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves
     abort_requested: bool = False
 
 
@@ -202,15 +203,16 @@ def reconcile(world: Observed) -> Plan:
     b.cond("Accepted", True, "Valid", "the spec is valid")
 
     # A changed spec restarts measurement: nothing measured under the old spec is mixed in.
-    measured_gen = b.progress.get("generation")
-    if measured_gen is not None and measured_gen != world.generation and b.phase not in (PENDING,):
+    # (The fingerprint leaves out `paused`: pausing and resuming does not restart anything.)
+    measured = b.progress.get("fingerprint")
+    if measured is not None and measured != world.fingerprint and b.phase not in (PENDING,):
         promoted = [t for t in world.targets if t.promoted]
         if promoted:
             b.act(RESTORE, targets=[t.key for t in promoted])
         b.act(DELETE_LOAD)
         b.act(DELETE_ROLES)
         b.events.append(("Normal", "SpecChanged",
-                         f"spec generation {measured_gen} -> {world.generation}: measurement restarts"))
+                         f"spec changed (generation {world.generation}): measurement restarts"))
         b.status.update({"batches": [], "crossoverBatchSize": None, "decision": None, "currentWave": None})
         b.status["progress"] = {}
         b.status["phase"] = PENDING
@@ -251,7 +253,7 @@ def _pending(b: _Builder) -> None:
     engines = sorted({t.engine or "unknown" for t in w.targets})
     b.cond("TargetsFound", True, "Found", f"{len(w.targets)} Deployment(s), engine {', '.join(engines)}")
     b.act(CLAIM, targets=[t.key for t in w.targets], owner=me)
-    b.progress.update({"generation": w.generation, "startedAt": now_rfc3339(w.now)})
+    b.progress.update({"fingerprint": w.fingerprint, "startedAt": now_rfc3339(w.now)})
     b.status["targets"] = [{"namespace": t.namespace, "name": t.name, "engine": t.engine, "promoted": False}
                            for t in sorted(w.targets, key=lambda t: t.key)]
     b.go(PREFLIGHT, "TargetsClaimed", f"claimed {len(w.targets)} Deployment(s); checking the workload")
@@ -339,7 +341,7 @@ def _deciding(b: _Builder) -> None:
         return
     decision = dict(w.decision)
     decision.setdefault("decidedAt", now_rfc3339(w.now))
-    decision["id"] = f"g{w.generation}-{decision['action']}"
+    decision["id"] = f"{w.fingerprint[:8] or 'g' + str(w.generation)}-{decision['action']}"
     b.status["decision"] = decision
     b.status["crossoverBatchSize"] = decision.get("crossoverBatchSize")
     action = decision["action"]
@@ -362,12 +364,13 @@ def _deciding(b: _Builder) -> None:
             b.go(ROLLED_BACK, "NotPromoted",
                  f"{decision['reason']} promotion.mode is full, so a regime-aware win is not promoted", warning=True)
             return
-        if getattr(w.spec.promotion, "require_approval", False) and w.approved_generation != w.generation:
+        approved = w.approved_decision == decision["id"]
+        if getattr(w.spec.promotion, "require_approval", False) and not approved:
             b.cond("Approved", False, "AwaitingApproval",
                    f"decision {action}: run `kubectl lookahead approve {w.name} -n {w.namespace}` to promote")
             b.requeue = 10.0
             return
-        b.cond("Approved", True, "Approved" if w.approved_generation == w.generation else "NotRequired", "promotion may go on")
+        b.cond("Approved", True, "Approved" if approved else "NotRequired", "promotion may go on")
         b.progress.update({"wave": 0, "waveStartedAt": now_rfc3339(w.now)})
         b.status["currentWave"] = 1
         b.go(PROMOTING, action, decision["reason"])

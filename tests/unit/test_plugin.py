@@ -3,9 +3,18 @@ import io
 from lookahead_operator import plugin
 
 
-def test_approve_names_the_generation():
-    assert plugin.approve_patch({"metadata": {"generation": 4}}) == {
-        "metadata": {"annotations": {"lookahead.dev/approve": "4"}}}
+import pytest
+
+
+def test_approve_names_the_decision():
+    policy = {"metadata": {"generation": 4}, "status": {"decision": {"id": "ab12cd34-Promote", "action": "Promote"}}}
+    assert plugin.approve_patch(policy) == {"metadata": {"annotations": {"lookahead.dev/approve": "ab12cd34-Promote"}}}
+
+
+@pytest.mark.parametrize("status", [{}, {"decision": {"id": "x-Rollback", "action": "Rollback"}}])
+def test_nothing_to_approve_is_an_error(status):
+    with pytest.raises(plugin.GateError, match="nothing to approve"):
+        plugin.approve_patch({"metadata": {"generation": 1}, "status": status})
 
 
 def test_abort_and_pause_patches():

@@ -22,7 +22,7 @@ def spec(**over):
 
 
 def world(status=None, **kw):
-    base = dict(now=T0, name="p", namespace="ns", generation=1, spec=spec(), status=status or {},
+    base = dict(now=T0, name="p", namespace="ns", generation=1, fingerprint="fp1", spec=spec(), status=status or {},
                 targets=[sm.Target("ns", "a", "reference"), sm.Target("ns", "b", "reference")])
     base.update(kw)
     return sm.Observed(**base)
@@ -43,7 +43,7 @@ def test_pending_claims_targets_and_moves_to_preflight():
     assert plan.status["phase"] == "Preflight"
     assert kinds(plan) == ["ClaimTargets"]
     assert plan.actions[0].args["targets"] == [("ns", "a"), ("ns", "b")]
-    assert plan.status["progress"]["generation"] == 1
+    assert plan.status["progress"]["fingerprint"] == "fp1"
     assert any(e[1] == "TargetsClaimed" for e in plan.events)
 
 
@@ -190,7 +190,9 @@ def test_approval_gate_waits_until_approved():
     assert w.status["phase"] == "Deciding"
     cond = {c["type"]: c for c in w.status["conditions"]}["Approved"]
     assert cond["reason"] == "AwaitingApproval" and "kubectl lookahead approve" in cond["message"]
-    plan, w = run(replace(w, approved_generation=1))
+    plan, w = run(replace(w, approved_decision="an-older-decision"))
+    assert w.status["phase"] == "Deciding", "an approval names the decision it approves"
+    plan, w = run(replace(w, approved_decision=w.status["decision"]["id"]))
     assert w.status["phase"] == "Promoting"
 
 
@@ -211,7 +213,9 @@ def test_spec_change_restarts_measurement_and_restores():
     _, w = run(replace(w, decision={"action": "Promote", "reason": "wins"}))
     did = w.status["decision"]["id"]
     promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
-    plan = sm.reconcile(replace(w, generation=2, targets=promoted))
+    paused_only = sm.reconcile(replace(w, generation=2, targets=promoted))
+    assert paused_only.status["phase"] == "Promoting", "a new generation with the same fingerprint (pause) restarts nothing"
+    plan = sm.reconcile(replace(w, generation=3, fingerprint="fp2", targets=promoted))
     assert plan.status["phase"] == "Pending" and plan.status["batches"] == []
     assert kinds(plan)[:3] == ["RestoreTargets", "DeleteLoadJobs", "DeleteRoles"]
 
