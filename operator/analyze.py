@@ -49,7 +49,7 @@ from .engines import MetricNames
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_BUDGET_S = 300.0            # measurement budget for all batch sizes (make demo: < 10 min in all)
-DEFAULT_MAX_TOKENS = 48
+DEFAULT_MAX_TOKENS = 32
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_LOOKAHEAD = {"method": "jacobi", "window": 4, "ngram": 3, "guess_set": 4}
 
@@ -218,7 +218,10 @@ class RoleMeasurement:
 
     def add_step(self, step: StepResult, server_delta: dict[str, float]) -> None:
         self.requests += step.requests
-        self.interval_tokens_per_s += step.interval_output_tokens_per_s
+        if not step.cancelled:
+            # with requests cancelled at the time limit, their tokens are unknown to the client:
+            # the step's interval rates would read low, so they are not used
+            self.interval_tokens_per_s += step.interval_output_tokens_per_s
         self.windows.append((step.start, step.end))
         self.output_tokens += step.output_tokens
         self.seconds += step.duration_s
@@ -347,7 +350,7 @@ class AnalyzeConfig:
     max_throughput_regression: float = 0.02
     confidence: float = 0.95
     min_samples: int = 6
-    warmup_requests: int = 2
+    warmup_requests: int = 1
     out: Path = Path("reports")
     engine_start_timeout_s: float = 300.0
     max_num_seqs: int = 32
@@ -411,6 +414,7 @@ class AnalyzeResult:
             "maxTokens": self.config.max_tokens,
             "lookahead": self.config.lookahead,
             "batchSizes": list(self.config.batch_sizes),
+            "notMeasured": [c for c in self.config.batch_sizes if c not in {b.batch_size for b in self.batches}],
             "thresholds": {
                 "minLatencyImprovement": self.thresholds.min_latency_improvement,
                 "maxThroughputRegression": self.thresholds.max_throughput_regression,
@@ -492,28 +496,34 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
     return res
 
 
-WARMUP_TOKENS = 8
-WARMUP_TIMEOUT_S = 120.0
+WARMUP_TOKENS = 4
+WARMUP_TIMEOUT_S = 90.0
 
 
 async def _warmup(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
-                  prompts: Sequence[Prompt], n: int) -> None:
-    """A few short requests per engine before measuring (first-call costs are not the workload)."""
+                  prompts: Sequence[Prompt], n: int, log: ProgressFn) -> None:
+    """A few short requests per engine, both engines at once, before measuring (first-call costs
+    are not the workload). Bounded: after WARMUP_TIMEOUT_S the measurement starts anyway."""
     import dataclasses
 
-    for role, url in urls.items():
+    async def one(role: str, url: str) -> None:
         for i in range(n):
             p = dataclasses.replace(prompts[i % len(prompts)],
                                     max_tokens=min(WARMUP_TOKENS, prompts[i % len(prompts)].max_tokens))
-            try:
-                r = await asyncio.wait_for(loadgen.send_request(client, url, models[role], p, 1, i),
-                                           WARMUP_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                raise AnalyzeError(f"the {role} engine at {url} did not answer an {WARMUP_TOKENS}-token warm-up "
-                                   f"request within {WARMUP_TIMEOUT_S:.0f} s: this machine is too slow or "
-                                   "too busy to measure on") from None
+            r = await loadgen.send_request(client, url, models[role], p, 1, i)
             if not r.ok:
                 raise AnalyzeError(f"warm-up request to the {role} engine at {url} failed: {r.error}")
+
+    tasks = [asyncio.ensure_future(one(role, url)) for role, url in urls.items()]
+    done, pending = await asyncio.wait(tasks, timeout=WARMUP_TIMEOUT_S)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for t in done:
+        if t.exception() is not None:
+            raise t.exception()
+    if pending:
+        log(f"[yellow]warm-up did not finish within {WARMUP_TIMEOUT_S:.0f} s (a slow or busy machine); measuring anyway")
 
 
 async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Prompt], thresholds,
@@ -523,13 +533,22 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
     limits = httpx.Limits(max_connections=max(batch_sizes) * 2 + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         models = {role: await loadgen.discover_model(client, url) for role, url in urls.items()}
-        await _warmup(client, urls, models, prompts, cfg.warmup_requests)
+        await _warmup(client, urls, models, prompts, cfg.warmup_requests, log)
+        from .decision import Action, decide
+
         t0 = time.monotonic()
         results = []
         for i, c in enumerate(batch_sizes):
             remaining = cfg.budget_s - (time.monotonic() - t0)
             budget = max(remaining / (len(batch_sizes) - i), 1.0)
             results.append(await _measure_batch(client, urls, models, prompts, c, cfg, thresholds, m, budget, log))
+            # stop early when the larger batch sizes cannot change the decision: the smallest batch
+            # size already loses (Rollback), or a loss after a run of wins fixed the crossover
+            d = decide([b.verdict for b in results], thresholds, deadline_passed=False)
+            if d.action in (Action.ROLLBACK, Action.PROMOTE_REGIME_AWARE) and i + 1 < len(batch_sizes):
+                log(f"{d.action.value} is settled at batch {c}: batch sizes {batch_sizes[i + 1:]} cannot change it, "
+                    "not measured")
+                break
         return results
 
 

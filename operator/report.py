@@ -63,6 +63,17 @@ def _plot(rows: list[dict], kind: str, path: Path, title_suffix: str) -> bytes:
         label = "control (lookahead off)" if role == "control" else "canary (lookahead on)"
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                     capsize=4, linewidth=2, color=COLORS[role], label=label)
+    crossover = None
+    if rows and rows[0].get("_crossover"):
+        crossover = rows[0]["_crossover"]
+    if crossover:
+        ax.axvline(crossover, color="#555555", linestyle="--", linewidth=1.2,
+                   label=f"crossover: lookahead off from batch {crossover}")
+    # the verdict of each batch size, along the top
+    for x, r in zip(xs, rows):
+        ax.annotate(r["verdict"], (x, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -11),
+                    textcoords="offset points", ha="center", va="center", fontsize=8, color="#333333",
+                    bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "#bbbbbb"})
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([str(x) for x in xs])
@@ -71,12 +82,14 @@ def _plot(rows: list[dict], kind: str, path: Path, title_suffix: str) -> bytes:
         ax.set_ylabel("per-token latency (ms / token)")
         ax.set_title(f"Per-token latency vs batch size{title_suffix}\n(lower is better; error bars: 95% CI of the mean)",
                      fontsize=10)
-        ax.set_ylim(bottom=0)
     else:
         ax.set_ylabel("output throughput (tokens / s)")
         ax.set_title(f"Throughput vs batch size{title_suffix}\n(higher is better; error bars: 95% CI of the mean)",
                      fontsize=10)
-        ax.set_ylim(bottom=0)
+    # room at the top for the verdict labels
+    top = ax.get_ylim()[1]
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xlim(min(xs) / 1.3, max(xs) * 1.3) if xs else None
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
     fig.tight_layout()
@@ -147,6 +160,7 @@ at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidenc
 <th>control tok/s</th><th>canary tok/s</th><th>change</th><th>interval</th><th>acceptance</th><th>verdict</th>
 <th>rounds (stop)</th><th>latency samples</th></tr>
 {''.join(rows)}</table>
+{('<p>Not measured (the decision was settled before them): batch sizes ' + html.escape(', '.join(map(str, data['notMeasured']))) + '.</p>') if data.get('notMeasured') else ''}
 <h2>Plots</h2>{imgs}
 {warn_html}
 <h2>How these numbers were measured</h2>
@@ -164,8 +178,8 @@ def write_report(result, out: Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_dict()
-    rows = data["batches"]
-    suffix = f" ({data['model']}, {data['backend']})"
+    rows = [dict(r, _crossover=data.get("crossoverBatchSize")) for r in data["batches"]]
+    suffix = f" ({data['model']})" if data["backend"] == "model" else " (simulated engine)"
     files = {
         "html": str(out / "report.html"),
         "json": str(out / "report.json"),
@@ -203,6 +217,8 @@ def print_summary(data: dict, console) -> None:
         )
     console.print(t)
     d = data.get("decision") or {}
+    if data.get("notMeasured"):
+        console.print(f"not measured (the decision was settled before them): batch sizes {data['notMeasured']}")
     console.print(f"crossover batch size: {data.get('crossoverBatchSize') or '-'}")
     console.print(f"[bold]decision: {d.get('action')}[/bold] - {d.get('reason')}")
     if data.get("regimeConfig"):
