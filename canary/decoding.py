@@ -181,10 +181,11 @@ class _Proposal:
     always visible). ``cands`` are the verification candidates as lists of query indices (each
     a chain: the first index's token is the proposed next token after the pending one)."""
 
-    __slots__ = ("tokens", "rel_pos", "mask", "cands", "extra")
+    __slots__ = ("tokens", "rel_pos", "mask", "cands", "extra", "need")
 
-    def __init__(self, tokens, rel_pos, mask, cands, extra=None):
+    def __init__(self, tokens, rel_pos, mask, cands, extra=None, need=None):
         self.tokens, self.rel_pos, self.mask, self.cands, self.extra = tokens, rel_pos, mask, cands, extra
+        self.need = need  # query indices whose next-token prediction is used (None: all)
 
 
 _GREEDY_MASK = np.ones((1, 1), dtype=bool)
@@ -266,6 +267,8 @@ class _BaseDecoder:
         # counters (whole lifetime), handy for benchmarks
         self.steps = 0
         self.spec_steps = 0
+        self.seq_steps = 0
+        self.query_tokens = 0  # sum over steps and sequences of query length (compute spent)
 
     # ---------------------------------------------------------------- public interface
     @property
@@ -337,14 +340,34 @@ class _BaseDecoder:
             allow[b, :n, L : L + n] = p.mask
             if n < q:  # padding rows see only themselves
                 allow[b, ar[n:], L + ar[n:]] = True
+        # logits only where a prediction is used (the lm_head is a fifth of the model)
+        needs = [p.need if p.need is not None else range(len(p.tokens)) for p in props]
+        qn = max(len(nd) for nd in needs)
+        gather = np.zeros((B, qn), dtype=np.int64)
+        for b, nd in enumerate(needs):
+            gather[b, : len(nd)] = nd
         with torch.inference_mode():
             mask = torch.zeros((B, 1, q, T), dtype=self._dtype)
             mask.masked_fill_(~torch.from_numpy(allow).unsqueeze(1), self._neg)
             pos_t = torch.from_numpy(pos)
             cache = _StepCache(self.store, 0, B, torch.from_numpy(wpos), T)
-            logits = self._run(torch.from_numpy(ids), pos_t, mask, cache, logits=True)
-            best = logits.argmax(-1).tolist()  # [B][q]
+            h = self._run(torch.from_numpy(ids), pos_t, mask, cache, logits=False)
+            if qn < q:
+                g = torch.from_numpy(gather)
+                h = torch.gather(h, 1, g.unsqueeze(-1).expand(B, qn, h.shape[-1]))
+            got = self._lm_head(self._norm(h)).argmax(-1).tolist()  # [B][qn]
+        best = []
+        for b, nd in enumerate(needs):
+            if qn < q:
+                row = [-1] * q
+                for i, qi in enumerate(nd):
+                    row[qi] = got[b][i]
+                best.append(row)
+            else:
+                best.append(got[b])
         self.steps += 1
+        self.query_tokens += sum(len(p.tokens) for p in props)
+        self.seq_steps += B
         if spec:
             self.spec_steps += 1
         out: dict[str, StepOutput] = {}
@@ -385,7 +408,7 @@ class _BaseDecoder:
         for layer in self._layers:
             h = layer(h, attention_mask=mask, position_ids=pos, cache=cache, position_embeddings=pe)
         if not logits:
-            return None
+            return h
         return self._lm_head(self._norm(h))
 
     # ---------------------------------------------------------------- per-method hooks
@@ -494,7 +517,7 @@ class JacobiLookaheadDecoder(_BaseDecoder):
 
     def __init__(self, model, window: int = 5, ngram: int = 4, guess_set: int = 5,
                  prompt_lookup_tokens: int = 0, prompt_lookup_min: int = 2, prompt_lookup_max: int = 4,
-                 pool_from_prompt: bool = True, eos_token_ids=None, max_batch_size: int = 32,
+                 pool_from_prompt: bool = True, window_with_draft: bool = True, eos_token_ids=None, max_batch_size: int = 32,
                  num_threads: int | None = None, temperature: float = 0.0, seed: int = 0):
         if temperature and temperature > 0:
             raise ValueError(
@@ -506,6 +529,7 @@ class JacobiLookaheadDecoder(_BaseDecoder):
         self.W, self.N, self.G = window, ngram, guess_set
         self.pl_k, self.pl_min, self.pl_max = prompt_lookup_tokens, prompt_lookup_min, prompt_lookup_max
         self.pool_from_prompt = pool_from_prompt
+        self.window_with_draft = window_with_draft
         self.seed = seed
         self._mask_cache: dict[tuple, np.ndarray] = {}
 
@@ -569,6 +593,8 @@ class JacobiLookaheadDecoder(_BaseDecoder):
                 d = _prompt_lookup(seq, min(self.pl_k, room), self.pl_min, self.pl_max)
                 if d:
                     chains.append(d)
+        cands_from_pl = bool(chains)
+        if room > 0:
             if self.G > 0:
                 grams = st.pool.get(pending)
                 if grams:
@@ -580,7 +606,13 @@ class JacobiLookaheadDecoder(_BaseDecoder):
                         if len(chains) >= self.G + (1 if self.pl_k > 0 else 0):
                             break
         fill = st.fill
-        la = [t for lvl in st.levels[:fill] for t in lvl]
+        if self.window_with_draft or not (self.pl_k > 0 and chains and len(chains[0]) > 0 and cands_from_pl):
+            la = [t for lvl in st.levels[:fill] for t in lvl]
+        else:
+            # a prompt-lookup draft is verified this step: on a CPU, where query tokens are not free,
+            # leave the Jacobi window where it is rather than pay for it this step
+            la = []
+            fill = 0
         n_la = len(la)
         toks = [pending] + la
         rel = [0] + [1 + l + j for l in range(fill) for j in range(W)]
@@ -593,11 +625,17 @@ class JacobiLookaheadDecoder(_BaseDecoder):
         q = len(toks)
         mask = np.zeros((q, q), dtype=bool)
         mask[:, 0] = True
-        mask[1 : 1 + n_la, 1 : 1 + n_la] = self._lookahead_mask(fill)
+        if n_la:
+            mask[1 : 1 + n_la, 1 : 1 + n_la] = self._lookahead_mask(fill)
         for idx in cand_idx:
             a, b = idx[0], idx[-1] + 1
             mask[a:b, a:b] = np.tril(np.ones((b - a, b - a), dtype=bool))
-        return _Proposal(toks, rel, mask, cand_idx, extra=n_la)
+        if n_la == 0:
+            return _Proposal(toks, rel, mask, cand_idx, extra=None)
+        # predictions used: the pending token, the last filled level, the candidates
+        last = 1 + (fill - 1) * W
+        need = [0] + list(range(last, last + W)) + list(range(1 + n_la, q))
+        return _Proposal(toks, rel, mask, cand_idx, extra=n_la, need=need)
 
     def _after_accept(self, seq: _Seq, p: _Proposal, row: list[int], new: list[int]) -> None:
         st: _LookaheadState = seq.state
@@ -622,7 +660,9 @@ class JacobiLookaheadDecoder(_BaseDecoder):
 
 def make_decoder(model, speculative_config: dict | None = None, **kw) -> _BaseDecoder:
     """Decoder from a vLLM-style ``--speculative-config`` dict (None -> greedy):
-    ``{"method": "jacobi", "window": 7, "ngram": 5, "guess_set": 7}`` or
+    ``{"method": "jacobi", "window": 7, "ngram": 5, "guess_set": 7}`` (optionally also
+    ``"prompt_lookup_tokens"``, ``"prompt_lookup_min"``, ``"prompt_lookup_max"``,
+    ``"window_with_draft"``, ``"pool_from_prompt"``) or
     ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}``."""
     if not speculative_config:
         return GreedyDecoder(model, **kw)
@@ -634,7 +674,7 @@ def make_decoder(model, speculative_config: dict | None = None, **kw) -> _BaseDe
             window=cfg.pop("window", 5),
             ngram=cfg.pop("ngram", 4),
             guess_set=cfg.pop("guess_set", 5),
-            prompt_lookup_tokens=cfg.pop("prompt_lookup_tokens", 0),
+            **cfg,  # prompt_lookup_tokens, prompt_lookup_min/max, window_with_draft, pool_from_prompt
             **kw,
         )
     if method == "ngram":
@@ -643,6 +683,7 @@ def make_decoder(model, speculative_config: dict | None = None, **kw) -> _BaseDe
             num_speculative_tokens=cfg.pop("num_speculative_tokens", 4),
             prompt_lookup_min=cfg.pop("prompt_lookup_min", 2),
             prompt_lookup_max=cfg.pop("prompt_lookup_max", 5),
+            **cfg,
             **kw,
         )
     raise ValueError(f"unknown speculative method {method!r}; expected 'jacobi' or 'ngram'")

@@ -92,6 +92,8 @@ DECODERS = {
     "lookahead": lambda m: JacobiLookaheadDecoder(m, window=4, ngram=4, guess_set=4, eos_token_ids=[]),
     "lookahead+pl": lambda m: JacobiLookaheadDecoder(
         m, window=3, ngram=3, guess_set=3, prompt_lookup_tokens=6, eos_token_ids=[]),
+    "lookahead+pl-adaptive": lambda m: JacobiLookaheadDecoder(
+        m, window=3, ngram=4, guess_set=2, prompt_lookup_tokens=12, window_with_draft=False, eos_token_ids=[]),
     "lookahead-noseed": lambda m: JacobiLookaheadDecoder(
         m, window=5, ngram=5, guess_set=2, pool_from_prompt=False, eos_token_ids=[]),
     "prompt_lookup": lambda m: PromptLookupDecoder(m, 4, 2, 5, eos_token_ids=[]),
@@ -140,7 +142,8 @@ def repetitive_prompt(m, tok):
     return p + cont + p
 
 
-@pytest.mark.parametrize("name", ["lookahead", "lookahead+pl", "prompt_lookup", "prompt_lookup_k8"])
+@pytest.mark.parametrize("name", ["lookahead", "lookahead+pl", "lookahead+pl-adaptive", "prompt_lookup",
+                                  "prompt_lookup_k8"])
 def test_speculation_accepts_drafts_and_stays_exact(tiny, name):
     m, tok = tiny
     p = repetitive_prompt(m, tok)

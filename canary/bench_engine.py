@@ -1,0 +1,230 @@
+"""Greedy vs lookahead (and prompt lookup) on the same prompts, side by side, at a sweep of batch
+sizes, on the reference engine's decoders.
+
+    python3 -m lookahead_canary.bench_engine [--model smollm2] [--prompts code]
+        [--batch-sizes 1,2,4,8,16] [--max-tokens N] [--num-prompts N]
+        [--lookahead '{"window":3,"ngram":4,"guess_set":2,"prompt_lookup_tokens":12}']
+        [--ngram '{"num_speculative_tokens":8,"prompt_lookup_min":1,"prompt_lookup_max":4}']
+
+At batch size b, b sequences decode together (iteration-level batching: when one finishes the
+next prompt joins), every method on the same prompts. Timing covers decode steps only (prefill
+is the same work for every method and is reported apart). Definitions:
+
+* tokens/s: generated tokens / decode wall seconds.
+* per-token latency: per sequence, decode seconds from its first to its last step / its tokens;
+  mean over sequences.
+* acceptance rate: accepted draft tokens / draft tokens verified (vLLM's
+  spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens). For Jacobi lookahead every
+  token of every verification candidate counts as a draft token, so this is far below
+  the fraction of steps that gain something; mean tokens per step says more.
+* tokens/step: generated tokens / sequence-steps (1.0 for greedy).
+* exact: every sequence's tokens identical to greedy's.
+
+Prints a table, and as its last line one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from importlib import resources
+
+import torch
+
+PROMPT_SETS = ("chat", "code", "summarize")
+DEFAULT_LOOKAHEAD = {"window": 3, "ngram": 4, "guess_set": 2, "prompt_lookup_tokens": 24, "window_with_draft": False}
+DEFAULT_NGRAM = {"num_speculative_tokens": 16, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
+
+def load_prompts(name: str) -> list[dict]:
+    if os.path.exists(name):
+        text = open(name, encoding="utf-8").read()
+    else:
+        text = resources.files("lookahead_canary").joinpath("prompts", f"{name}.jsonl").read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def machine_description() -> dict:
+    model_name = platform.processor() or "unknown"
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                model_name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "cpu": model_name,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "loadavg": [round(x, 2) for x in load],
+    }
+
+
+def run_method(dec, prompts: list[tuple[list[int], int]], batch_size: int, on_step=None) -> dict:
+    """Decode every prompt with at most batch_size sequences in flight. Returns outputs and stats."""
+    outs: dict[str, list[int]] = {}
+    first_step: dict[str, float] = {}
+    last_step: dict[str, float] = {}
+    queue = list(enumerate(prompts))
+    prefill_s = 0.0
+    decode_s = 0.0
+    seq_steps = 0
+    draft = accepted = 0
+    steps = 0
+    while queue or dec.active:
+        while queue and dec.active < batch_size:
+            i, (ids, n) = queue.pop(0)
+            sid = str(i)
+            outs[sid] = []
+            prefill_s += dec.add(sid, ids, n)
+        t0 = time.perf_counter()
+        res = dec.step()
+        t1 = time.perf_counter()
+        decode_s += t1 - t0
+        steps += 1
+        for sid, o in res.items():
+            first_step.setdefault(sid, t0)
+            last_step[sid] = t1
+            outs[sid] += o.new_tokens
+            seq_steps += 1
+            draft += o.draft_tokens
+            accepted += o.accepted_draft_tokens
+            if on_step:
+                on_step(len(o.new_tokens))
+    tokens = sum(len(v) for v in outs.values())
+    lat = [(last_step[s] - first_step[s]) / max(1, len(outs[s])) for s in outs]
+    return {
+        "outs": outs,
+        "tokens": tokens,
+        "decode_s": decode_s,
+        "prefill_s": prefill_s,
+        "tok_s": tokens / decode_s if decode_s > 0 else 0.0,
+        "tpot_ms": 1000.0 * sum(lat) / len(lat),
+        "acceptance_rate": (accepted / draft) if draft else 0.0,
+        "draft_tokens": draft,
+        "accepted_tokens": accepted,
+        "tokens_per_step": tokens / seq_steps if seq_steps else 0.0,
+        "steps": steps,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m lookahead_canary.bench_engine", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--prompts", default="code", help="chat | code | summarize | path to a JSONL file")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=None, help="cap on each prompt's max_tokens")
+    ap.add_argument("--num-prompts", type=int, default=8, help="prompts per batch size (cycled to fill a batch)")
+    ap.add_argument("--lookahead", default=json.dumps(DEFAULT_LOOKAHEAD), help="JacobiLookaheadDecoder kwargs (JSON)")
+    ap.add_argument("--ngram", default=json.dumps(DEFAULT_NGRAM), help="PromptLookupDecoder kwargs (JSON); 'off' to skip")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .decoding import GreedyDecoder, JacobiLookaheadDecoder, PromptLookupDecoder
+    from .models import chat_prompt, eos_ids, load_model
+
+    err = Console(stderr=True)
+    out = Console()
+    t0 = time.perf_counter()
+    model, tok = load_model(args.model)
+    load_s = time.perf_counter() - t0
+    eos = sorted(eos_ids(model, tok))
+    rows = load_prompts(args.prompts)
+    la_kw = json.loads(args.lookahead)
+    ng_kw = None if args.ngram == "off" else json.loads(args.ngram)
+    batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    encoded = [
+        (chat_prompt(tok, r["prompt"]), min(int(r.get("max_tokens", 128)), args.max_tokens or 10**9))
+        for r in rows
+    ]
+
+    methods = [("greedy", lambda: GreedyDecoder(model, eos_token_ids=eos)),
+               ("lookahead", lambda: JacobiLookaheadDecoder(model, eos_token_ids=eos, **la_kw))]
+    if ng_kw is not None:
+        methods.append(("ngram", lambda: PromptLookupDecoder(model, eos_token_ids=eos, **ng_kw)))
+
+    work = {b: [encoded[i % len(encoded)] for i in range(max(args.num_prompts, b))] for b in batch_sizes}
+    # the greedy pass bounds the token count of every method (outputs are identical)
+    results: dict[int, dict[str, dict]] = {}
+    with torch.inference_mode(), Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
+        TimeElapsedColumn(), console=err, disable=args.no_progress,
+    ) as progress:
+        # warm-up (first-call allocations, thread pools)
+        w = GreedyDecoder(model, eos_token_ids=eos)
+        w.add("w", encoded[0][0], 4)
+        while w.active:
+            w.step()
+        for b in batch_sizes:
+            results[b] = {}
+            total = sum(n for _, n in work[b])
+            for name, make in methods:
+                task = progress.add_task(f"batch {b:>2} {name:<9}", total=total)
+                dec = make()
+                r = run_method(dec, work[b], b, on_step=lambda k, t=task: progress.advance(t, k))
+                progress.update(task, completed=total)
+                results[b][name] = r
+
+    table = Table(title=f"{args.model} / {args.prompts} prompts: greedy vs speculative, same engine")
+    for c in ("batch", "method", "tok/s", "ms/token", "tokens/step", "accept rate", "speedup", "exact"):
+        table.add_column(c, justify="right")
+    summary = []
+    for b in batch_sizes:
+        g = results[b]["greedy"]
+        for name, _ in methods:
+            r = results[b][name]
+            exact = all(r["outs"][s] == g["outs"][s] for s in g["outs"])
+            r["exact"] = exact
+            table.add_row(
+                str(b), name, f"{r['tok_s']:.2f}", f"{r['tpot_ms']:.1f}", f"{r['tokens_per_step']:.2f}",
+                "-" if name == "greedy" else f"{r['acceptance_rate']:.3f}",
+                f"{r['tok_s'] / g['tok_s']:.2f}x", "yes" if exact else "NO",
+            )
+        la = results[b]["lookahead"]
+        row = {
+            "batch_size": b,
+            "greedy_tok_s": round(g["tok_s"], 3),
+            "lookahead_tok_s": round(la["tok_s"], 3),
+            "speedup": round(la["tok_s"] / g["tok_s"], 3),
+            "acceptance_rate": round(la["acceptance_rate"], 4),
+            "tokens_per_step": round(la["tokens_per_step"], 3),
+            "greedy_tpot_ms": round(g["tpot_ms"], 2),
+            "lookahead_tpot_ms": round(la["tpot_ms"], 2),
+            "exact": la["exact"],
+        }
+        if ng_kw is not None:
+            ng = results[b]["ngram"]
+            row.update({
+                "ngram_tok_s": round(ng["tok_s"], 3),
+                "ngram_speedup": round(ng["tok_s"] / g["tok_s"], 3),
+                "ngram_acceptance_rate": round(ng["acceptance_rate"], 4),
+                "ngram_exact": ng["exact"],
+            })
+        summary.append(row)
+    out.print(table)
+    mach = machine_description()
+    out.print(f"machine: {mach['cpu']}, {mach['cores']} cores, torch {mach['torch']}, "
+              f"{mach['threads']} threads, loadavg {mach['loadavg']}; model load {load_s:.1f}s; "
+              f"lookahead {la_kw}; ngram {ng_kw}")
+    sys.stdout.write(json.dumps({
+        "model": args.model, "prompts": args.prompts, "machine": mach,
+        "lookahead": la_kw, "ngram": ng_kw, "batches": summary,
+    }) + "\n")
+    sys.stdout.flush()
+    return 0 if all(r["exact"] and r.get("ngram_exact", True) for r in summary) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
