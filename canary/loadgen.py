@@ -157,9 +157,15 @@ class RequestResult:
     finish_reason: str | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    # arrival time (Unix) and text length of each chunk with text: where the tokens landed in time
+    chunk_times: list[float] = field(default_factory=list, repr=False)
+    chunk_chars: list[int] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d.pop("chunk_times")
+        d.pop("chunk_chars")
+        return d
 
 
 @dataclass
@@ -186,7 +192,8 @@ class StepResult:
     requests: list[RequestResult]
     client: ClientHealth
     interval_s: float
-    interval_output_tokens_per_s: list[float]   # per interval of the steady phase (see _interval_rates)
+    interval_output_tokens_per_s: list[float]   # per interval of the steady phase (see interval_rates)
+    steady_end: float | None = None             # Unix time the first worker stopped issuing (drain began)
 
     @property
     def duration_s(self) -> float:
@@ -259,13 +266,14 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _interval_rates(requests: Sequence[RequestResult], start: float, end: float,
+def interval_rates(requests: Sequence[RequestResult], start: float, end: float,
                     interval_s: float) -> list[float]:
     """Output tokens/s per interval of ``[start, end]``.
 
     Streaming gives the client token *times* only per chunk and the token *count* only per request
-    (usage), so each request's tokens are placed at its first-token time (one token) and spread
-    evenly over its (first token, last token] span (the rest). Only whole intervals are returned.
+    (usage), so each request's usage count is shared among its chunks in proportion to their text
+    length and placed at the chunks' arrival times (without chunk data: one token at the first
+    token, the rest spread evenly to the last). Only whole intervals are returned.
     """
     n = int((end - start) // interval_s) if interval_s > 0 else 0
     if n <= 0:
@@ -293,10 +301,29 @@ def _interval_rates(requests: Sequence[RequestResult], start: float, end: float,
     for r in requests:
         if not r.ok or not r.completion_tokens or r.first_token_at is None:
             continue
+        if r.chunk_times and len(r.chunk_times) == len(r.chunk_chars):
+            total = sum(r.chunk_chars)
+            n_chunks = len(r.chunk_times)
+            for t, c in zip(r.chunk_times, r.chunk_chars):
+                share = c / total if total > 0 else 1.0 / n_chunks
+                add(t, t, r.completion_tokens * share)
+            continue
         add(r.first_token_at, r.first_token_at, 1)
         if r.completion_tokens > 1 and r.last_token_at is not None:
             add(r.first_token_at, r.last_token_at, r.completion_tokens - 1)
     return [b / interval_s for b in bins]
+
+
+_interval_rates = interval_rates
+
+
+def chunk_gaps(requests: Iterable[RequestResult]) -> list[float]:
+    """Seconds between consecutive text chunks within each request."""
+    out: list[float] = []
+    for r in requests:
+        ts = r.chunk_times
+        out += [b - a for a, b in zip(ts, ts[1:])]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +358,8 @@ async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
     t0 = time.perf_counter()
     first = last = None
     chunks = 0
+    chunk_times: list[float] = []
+    chunk_chars: list[int] = []
     usage: dict | None = None
     finish_reason = None
     try:
@@ -362,6 +391,8 @@ async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
                             first = now
                         last = now
                         chunks += 1
+                        chunk_times.append(started_at + (now - t0))
+                        chunk_chars.append(len(text))
                     if ch.get("finish_reason"):
                         finish_reason = ch["finish_reason"]
     except (httpx.HTTPError, LoadgenError) as exc:
@@ -372,7 +403,8 @@ async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
     t1 = time.perf_counter()
     ended_at = started_at + (t1 - t0)
     res = RequestResult(concurrency=concurrency, index=index, started_at=started_at, ended_at=ended_at,
-                        ok=True, e2e_s=t1 - t0, chunks=chunks, finish_reason=finish_reason)
+                        ok=True, e2e_s=t1 - t0, chunks=chunks, finish_reason=finish_reason,
+                        chunk_times=chunk_times, chunk_chars=chunk_chars)
     if usage is None or usage.get("completion_tokens") is None:
         res.ok = False
         res.error = ("the server sent no usage in its stream (stream_options.include_usage); "
@@ -527,9 +559,9 @@ async def run_step(client: httpx.AsyncClient, url: str, model: str, prompts: Seq
     health.bottleneck = bool(health.reasons)
     results.sort(key=lambda r: r.index)
     steady_end_unix = start + steady
-    rates = _interval_rates(results, start, steady_end_unix, interval_s)
+    rates = interval_rates(results, start, steady_end_unix, interval_s)
     return StepResult(concurrency=concurrency, start=start, end=end, requests=results, client=health,
-                      interval_s=interval_s, interval_output_tokens_per_s=rates)
+                      interval_s=interval_s, interval_output_tokens_per_s=rates, steady_end=steady_end_unix)
 
 
 StepHook = Callable[[StepResult], "Awaitable[None] | None"]

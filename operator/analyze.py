@@ -209,7 +209,8 @@ class RoleMeasurement:
     role: str
     batch_size: int
     requests: list[RequestResult] = field(default_factory=list)
-    interval_tokens_per_s: list[float] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
+    interval_s: float = DEFAULT_INTERVAL_S
     windows: list[tuple[float, float]] = field(default_factory=list)
     output_tokens: int = 0
     seconds: float = 0.0
@@ -218,10 +219,7 @@ class RoleMeasurement:
 
     def add_step(self, step: StepResult, server_delta: dict[str, float]) -> None:
         self.requests += step.requests
-        if not step.cancelled:
-            # with requests cancelled at the time limit, their tokens are unknown to the client:
-            # the step's interval rates would read low, so they are not used
-            self.interval_tokens_per_s += step.interval_output_tokens_per_s
+        self.steps.append(step)
         self.windows.append((step.start, step.end))
         self.output_tokens += step.output_tokens
         self.seconds += step.duration_s
@@ -229,6 +227,18 @@ class RoleMeasurement:
             self.server[k] = self.server.get(k, 0.0) + v
         if step.client.bottleneck:
             self.client_warnings.append(f"round {len(self.windows)}: " + "; ".join(step.client.reasons))
+
+    @property
+    def interval_tokens_per_s(self) -> list[float]:
+        """Throughput samples: output tokens/s per ``interval_s`` of each round's steady phase.
+        Rounds with requests cancelled at the time limit are left out (the client does not know
+        how many tokens those produced, so their intervals would read low)."""
+        out: list[float] = []
+        for st in self.steps:
+            if st.cancelled:
+                continue
+            out += loadgen.interval_rates(st.requests, st.start, st.steady_end or st.end, self.interval_s)
+        return out
 
     @property
     def per_token_s(self) -> list[float]:
@@ -268,6 +278,7 @@ class RoleMeasurement:
             "intervalTokensPerSecondMean": tps_mean,
             "intervalTokensPerSecondCI95": tps_ci,
             "throughputSamples": len(self.interval_tokens_per_s),
+            "throughputIntervalSeconds": self.interval_s,
             "ttftMs": 1e3 * statistics.fmean(ttft) if ttft else None,
             "serverPerTokenMs": None if server_ptl is None else 1e3 * server_ptl,
             "serverGeneratedTokens": self.server.get(m.generation_tokens),
@@ -278,6 +289,17 @@ class RoleMeasurement:
             "clientWarnings": self.client_warnings,
             "errorSamples": self.errors[:3],
         }
+
+
+def choose_interval(control: RoleMeasurement, canary: RoleMeasurement, minimum: float) -> float:
+    """The throughput sample interval: at least ``minimum``, and at least four times the 90th
+    percentile of the gap between streamed chunks of either role."""
+    gaps = loadgen.chunk_gaps(r for r in control.requests + canary.requests if r.ok)
+    if not gaps:
+        return minimum
+    gaps.sort()
+    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
+    return max(minimum, round(4 * p90, 2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +445,9 @@ class AnalyzeResult:
             },
             "method": {
                 "latencySamples": "per request: (last token - first token) / (usage completion_tokens - 1), client-side",
-                "throughputSamples": f"output tokens/s per {self.config.interval_s:g} s interval of the closed loop",
+                "throughputSamples": (f"output tokens/s per interval of each round's steady phase (at least "
+                                      f"{self.config.interval_s:g} s, and 4x the 90th percentile of the gap between "
+                                      "streamed chunks; tokens placed at their chunks' arrival times)"),
                 "statistics": "anytime-valid normal-mixture confidence sequence on the log ratio of means",
             },
             "engines": self.engines,
@@ -471,6 +495,10 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         # the next round starts where the longer of the two left off, so both see the same prompts
         offset = max(len(res.control.requests), len(res.canary.requests))
         res.rounds += 1
+        # one throughput interval for both roles, long enough that an interval holds several
+        # chunks of the slower engine (an interval with none would read 0 tokens/s)
+        interval = choose_interval(res.control, res.canary, cfg.interval_s)
+        res.control.interval_s = res.canary.interval_s = interval
         last_round_s = time.monotonic() - r0
         res.latency, res.throughput = compare(res.control, res.canary, thresholds)
         acc = res.canary.server_ratio(m.accepted_tokens, m.draft_tokens) if m.draft_tokens else None
@@ -561,6 +589,14 @@ def _engine_processes(cfg: AnalyzeConfig, workdir: Path) -> dict[str, EngineProc
     }
 
 
+def _smollm2_cached() -> bool:
+    """Whether lookahead_canary.models has the converted SmolLM2 weights cached (same path rule,
+    without importing torch here)."""
+    root = Path(os.environ.get("LOOKAHEAD_CACHE") or Path.home() / ".cache" / "lookahead-rollout")
+    d = root / "models" / "smollm2-135m-instruct"
+    return (d / "config.json").exists() and any(d.glob("*.safetensors"))
+
+
 def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> AnalyzeResult:
     """Start (or attach to) the engines, sweep, decide. Does not write the report."""
     from .decision import decide
@@ -583,11 +619,18 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
                 raise AnalyzeError("only the reference engine can be started locally; use --engine-url for "
                                    f"{cfg.engine}")
             procs = _engine_processes(cfg, cfg.out)
-            for p in procs.values():
-                p.start()
             log(f"starting control and canary engines (model {cfg.model}, backend {cfg.backend}) ...")
-            for p in procs.values():
-                p.wait_ready(cfg.engine_start_timeout_s)
+            if cfg.backend == "model" and cfg.model == "smollm2" and not _smollm2_cached():
+                # first run: let one engine convert the GGUF and fill the cache, the other then reads it
+                # (two conversions at once on two cores take about twice as long as one)
+                log("first run: converting SmolLM2 once (about 35 s on two cores), then loading it twice")
+                procs["control"].start().wait_ready(cfg.engine_start_timeout_s)
+                procs["canary"].start().wait_ready(cfg.engine_start_timeout_s)
+            else:
+                for p in procs.values():
+                    p.start()
+                for p in procs.values():
+                    p.wait_ready(cfg.engine_start_timeout_s)
             urls = {role: p.url for role, p in procs.items()}
             engines_info = {role: {"url": p.url, "started": True, "argv": p.argv()[1:], "log": str(p.log_path)}
                             for role, p in procs.items()}

@@ -201,3 +201,12 @@ async def test_max_duration_cancels_requests_in_flight(engine):
     assert step.cancelled == 2 and not step.completed
     assert all(r.error.startswith("cancelled") for r in step.requests)
     assert step.summary()["cancelled"] == 2
+
+
+def test_interval_rates_follow_chunk_arrivals():
+    # 10 tokens: a chunk of 2 chars at 0.5 s and one of 8 chars at 2.5 s -> 2 tokens then 8 tokens
+    r = loadgen.RequestResult(concurrency=1, index=0, started_at=0.0, ended_at=3.0, ok=True,
+                              completion_tokens=10, first_token_at=0.5, last_token_at=2.5,
+                              chunk_times=[0.5, 2.5], chunk_chars=[2, 8])
+    assert loadgen._interval_rates([r], 0.0, 3.0, 1.0) == pytest.approx([2.0, 0.0, 8.0])
+    assert "chunk_times" not in r.to_dict()
