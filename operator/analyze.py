@@ -48,7 +48,8 @@ from . import engines
 from .engines import MetricNames
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
-DEFAULT_BUDGET_S = 300.0            # measurement budget for all batch sizes (make demo: < 10 min in all)
+DEFAULT_TIME_LIMIT_S = 540.0        # the whole run, engine start included (make demo: < 10 min on 2 cores)
+RESERVE_S = 20.0                    # kept for the report and stopping the engines
 DEFAULT_MAX_TOKENS = 32
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_LOOKAHEAD = {"method": "jacobi", "window": 4, "ngram": 3, "guess_set": 4}
@@ -364,9 +365,10 @@ class AnalyzeConfig:
     sim_config: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     requests_per_worker: int | None = None              # per round: each of the C workers sends at most this many
-    round_s: float = 6.0                                # per round and role: stop issuing after this (then drain)
+    round_s: float = 10.0                               # per round and role: stop issuing after this (then drain)
     max_rounds: int = 12
-    budget_s: float = DEFAULT_BUDGET_S
+    budget_s: float | None = None                       # measurement budget; None: what the time limit leaves
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S          # the whole run, engine start and warm-up included
     interval_s: float = DEFAULT_INTERVAL_S
     min_latency_improvement: float = 0.05
     max_throughput_regression: float = 0.02
@@ -525,7 +527,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
 
 
 WARMUP_TOKENS = 4
-WARMUP_TIMEOUT_S = 90.0
+WARMUP_TIMEOUT_S = 45.0
 
 
 async def _warmup(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
@@ -555,7 +557,7 @@ async def _warmup(client: httpx.AsyncClient, urls: dict[str, str], models: dict[
 
 
 async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Prompt], thresholds,
-                 m: MetricNames, log: ProgressFn) -> list[BatchResult]:
+                 m: MetricNames, log: ProgressFn, run_deadline: float) -> list[BatchResult]:
     batch_sizes = list(cfg.batch_sizes)
     timeout = httpx.Timeout(600.0, connect=10.0)
     limits = httpx.Limits(max_connections=max(batch_sizes) * 2 + 4)
@@ -565,9 +567,13 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
         from .decision import Action, decide
 
         t0 = time.monotonic()
+        total = run_deadline - t0 - RESERVE_S
+        if cfg.budget_s is not None:
+            total = min(total, cfg.budget_s)
+        log(f"measuring batch sizes {batch_sizes} within {total:.0f} s")
         results = []
         for i, c in enumerate(batch_sizes):
-            remaining = cfg.budget_s - (time.monotonic() - t0)
+            remaining = total - (time.monotonic() - t0)
             budget = max(remaining / (len(batch_sizes) - i), 1.0)
             results.append(await _measure_batch(client, urls, models, prompts, c, cfg, thresholds, m, budget, log))
             # stop early when the larger batch sizes cannot change the decision: the smallest batch
@@ -636,7 +642,7 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
                             for role, p in procs.items()}
         load_s = time.monotonic() - t0
         log(f"engines ready after {load_s:.1f} s: control {urls['control']}, canary {urls['canary']}")
-        batches = asyncio.run(_sweep(cfg, urls, prompts, thresholds, m, log))
+        batches = asyncio.run(_sweep(cfg, urls, prompts, thresholds, m, log, run_deadline=t0 + cfg.time_limit_s))
     finally:
         for p in procs.values():
             p.stop()
@@ -679,11 +685,14 @@ def add_arguments(p) -> None:
     p.add_argument("--requests-per-worker", type=int, default=None,
                    help="per round and role, requests each of the C closed-loop workers sends at most "
                         "(default: no cap, the round's duration bounds it)")
-    p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=6.0,
-                   help="per round and role, stop issuing requests after this long, then drain (default 6s)")
+    p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=10.0,
+                   help="per round and role, stop issuing requests after this long, then drain (default 10s)")
     p.add_argument("--max-rounds", type=int, default=12, help="rounds per batch size at most")
-    p.add_argument("--budget", type=loadgen.parse_duration, default=DEFAULT_BUDGET_S,
-                   help=f"measurement time budget for all batch sizes (default {DEFAULT_BUDGET_S:.0f}s)")
+    p.add_argument("--time-limit", type=loadgen.parse_duration, default=DEFAULT_TIME_LIMIT_S,
+                   help=f"the whole run, engine start included (default {DEFAULT_TIME_LIMIT_S:.0f}s); the "
+                        "batch sizes share what is left after the engines are up")
+    p.add_argument("--budget", type=loadgen.parse_duration, default=None,
+                   help="cap on the measurement time for all batch sizes (default: what --time-limit leaves)")
     p.add_argument("--interval", type=loadgen.parse_duration, default=DEFAULT_INTERVAL_S,
                    help="throughput sample interval (default 2s)")
     p.add_argument("--min-latency-improvement", type=_fraction, default=0.05, help="e.g. 5%% (default)")
@@ -703,6 +712,7 @@ def config_from_args(args) -> AnalyzeConfig:
         engine_urls=tuple(args.engine_url) if args.engine_url else None, engine=args.engine, lookahead=la,
         backend=args.backend, sim_config=args.sim_config, max_tokens=args.max_tokens,
         requests_per_worker=args.requests_per_worker, round_s=args.round_s, max_rounds=args.max_rounds, budget_s=args.budget,
+        time_limit_s=args.time_limit,
         interval_s=args.interval, min_latency_improvement=args.min_latency_improvement,
         max_throughput_regression=args.max_throughput_regression, confidence=args.confidence,
         min_samples=args.min_samples, out=args.out,
