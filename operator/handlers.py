@@ -158,7 +158,7 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
         for job in measure.load_jobs(spec, body, source.namespace, a["step"], a["batch_size"], pods):
             k.create_if_absent(job)
     elif action.kind == sm.ENSURE_GUARD_LOAD:
-        promoted = sorted(t for t in world.targets if t.promoted)
+        promoted = sorted((t for t in world.targets if t.promoted), key=lambda t: t.key)
         if not promoted:
             return
         newest = promoted[-1]

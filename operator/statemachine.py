@@ -417,9 +417,8 @@ def _promoting(b: _Builder) -> None:
     if w.guard is not None:
         b.status["guard"] = {"wave": wave + 1, "message": w.guard.message, "enoughData": w.guard.enough_data}
     wave_guard = _seconds(getattr(w.spec.promotion, "wave_duration", None) or 0)
-    if b.elapsed("waveStartedAt") < wave_guard:
+    if _guard_holds(b, "waveStartedAt", wave_guard, f"wave {wave + 1}"):
         b.cond("WaveReady", True, "Guarding", f"wave {wave + 1} rolled out; guarding it before the next wave")
-        b.requeue = 2.0
         return
     if wave + 1 < len(waves):
         b.act(DELETE_LOAD)
@@ -427,7 +426,7 @@ def _promoting(b: _Builder) -> None:
         b.requeue = 0.2
         return
     b.progress["guardStartedAt"] = now_rfc3339(w.now)
-    b.go(GUARDING, "Promoted", f"all {len(waves)} waves promoted; guarding for "
+    b.go(GUARDING, "AllWavesPromoted", f"all {len(waves)} waves promoted; guarding for "
          f"{_seconds(w.spec.promotion.guard.duration):g}s")
 
 
@@ -436,6 +435,25 @@ def _mark_promoted(b: _Builder, members: list[tuple[str, str]]) -> None:
     for row in b.status.get("targets") or []:
         rows.append({**row, "promoted": (row["namespace"], row["name"]) in members})
     b.status["targets"] = rows
+
+
+def _guard_holds(b: _Builder, since_key: str, duration: float, what: str) -> bool:
+    """Whether a wave (or the final guard) must keep watching: until its duration has passed AND
+    the comparison has enough data. No data never counts as a pass: past the analysis deadline
+    without data the rollout is rolled back (in `_no_guard_data`)."""
+    w = b.w
+    b.requeue = 2.0
+    enough = w.guard is not None and w.guard.enough_data
+    if b.elapsed(since_key) < duration:
+        return True
+    if enough:
+        return False
+    if b.elapsed(since_key) >= _seconds(w.spec.analysis.deadline):
+        _roll_back(b, "GuardNoData", f"{what} had no usable comparison by the analysis deadline "
+                                     f"({(w.guard.message if w.guard else 'no guard data')}); not promoting blind")
+        return True
+    b.cond("GuardData", False, "WaitingForData", f"{what}: waiting for enough guard data before going on")
+    return True
 
 
 def _guard_load(b: _Builder, wave: int) -> None:
@@ -453,8 +471,7 @@ def _guarding(b: _Builder) -> None:
     _guard_load(b, int(b.progress.get("wave", 0)))
     if w.guard is not None:
         b.status["guard"] = {"wave": None, "message": w.guard.message, "enoughData": w.guard.enough_data}
-    if b.elapsed("guardStartedAt") < _seconds(w.spec.promotion.guard.duration):
-        b.requeue = 2.0
+    if _guard_holds(b, "guardStartedAt", _seconds(w.spec.promotion.guard.duration), "the guard"):
         return
     b.act(DELETE_ROLES)
     b.act(DELETE_LOAD)

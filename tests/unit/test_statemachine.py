@@ -226,3 +226,18 @@ def test_reconcile_is_idempotent_when_nothing_changes():
     a = sm.reconcile(w)
     b = sm.reconcile(w)
     assert a.actions == b.actions and a.status == b.status
+
+
+def test_guard_without_data_waits_then_rolls_back_at_the_deadline():
+    _, w = full_measure(world())
+    _, w = run(replace(w, decision={"action": "Promote", "reason": "wins"}))
+    did = w.status["decision"]["id"]
+    _, w = run(w)
+    promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
+    no_data = sm.GuardCheck(False, "guard: not enough data yet", enough_data=False)
+    plan, w2 = run(replace(w, targets=promoted, guard=no_data, now=T0 + timedelta(seconds=30)))
+    assert w2.status["phase"] == "Promoting" and w2.status["progress"]["wave"] == 0, "no data is not a pass"
+    assert {c["type"]: c for c in w2.status["conditions"]}["GuardData"]["reason"] == "WaitingForData"
+    plan = sm.reconcile(replace(w2, now=T0 + timedelta(seconds=700)))
+    assert plan.status["phase"] == "RolledBack" and plan.status["rollback"]["reason"] == "GuardNoData"
+    assert kinds(plan)[0] == "RestoreTargets"
