@@ -364,8 +364,8 @@ class AnalyzeConfig:
     backend: str = "model"
     sim_config: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    requests_per_worker: int | None = None              # per round: each of the C workers sends at most this many
-    round_s: float = 10.0                               # per round and role: stop issuing after this (then drain)
+    requests_per_worker: int | None = 2                 # per round: each of the C workers sends at most this many
+    round_s: float = 30.0                               # per round and role: stop issuing after this (then drain)
     max_rounds: int = 12
     budget_s: float | None = None                       # measurement budget; None: what the time limit leaves
     time_limit_s: float = DEFAULT_TIME_LIMIT_S          # the whole run, engine start and warm-up included
@@ -682,11 +682,11 @@ def add_arguments(p) -> None:
     p.add_argument("--guess-set", type=int, default=DEFAULT_LOOKAHEAD["guess_set"], help="Jacobi guess set G")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="ngram method: K")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each prompt's max_tokens")
-    p.add_argument("--requests-per-worker", type=int, default=None,
+    p.add_argument("--requests-per-worker", type=int, default=2,
                    help="per round and role, requests each of the C closed-loop workers sends at most "
-                        "(default: no cap, the round's duration bounds it)")
-    p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=10.0,
-                   help="per round and role, stop issuing requests after this long, then drain (default 10s)")
+                        "(default 2: both roles get the same number of samples a round; 0 = no cap)")
+    p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=30.0,
+                   help="per round and role, stop issuing requests after this long, then drain (default 30s)")
     p.add_argument("--max-rounds", type=int, default=12, help="rounds per batch size at most")
     p.add_argument("--time-limit", type=loadgen.parse_duration, default=DEFAULT_TIME_LIMIT_S,
                    help=f"the whole run, engine start included (default {DEFAULT_TIME_LIMIT_S:.0f}s); the "
