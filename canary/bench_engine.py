@@ -176,6 +176,12 @@ def main(argv=None) -> int:
                 r = run_method(dec, work[b], b, on_step=lambda k, t=task: progress.advance(t, k))
                 progress.update(task, completed=total)
                 results[b][name] = r
+                g = results[b]["greedy"]
+                progress.console.print(
+                    f"batch {b:>2} {name:<9} {r['tok_s']:7.2f} tok/s  {r['tokens_per_step']:.2f} tok/step  "
+                    f"x{r['tok_s'] / g['tok_s']:.2f} vs greedy  "
+                    f"exact={all(r['outs'][s] == g['outs'][s] for s in g['outs'])}"
+                )
 
     table = Table(title=f"{args.model} / {args.prompts} prompts: greedy vs speculative, same engine")
     for c in ("batch", "method", "tok/s", "ms/token", "tokens/step", "accept rate", "speedup", "exact"):

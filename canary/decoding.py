@@ -222,13 +222,15 @@ def _prompt_lookup(seq: _Seq, k: int, nmin: int, nmax: int) -> list[int]:
     n_tok = len(seq.tokens)
     a = seq.arr[:n_tok]
     for n in range(min(nmax, n_tok - 1), nmin - 1, -1):
-        suffix = a[n_tok - n :]
-        # candidate starts i with a[i:i+n] == suffix and i + n <= n_tok - 1
-        first = np.flatnonzero(a[: n_tok - n] == suffix[0])
-        for i in first[::-1]:
-            if n == 1 or np.array_equal(a[i : i + n], suffix):
-                j = i + n
-                return a[j : min(j + k, n_tok)].tolist()
+        # starts i with a[i:i+n] == a[-n:] and i + n <= n_tok - 1 (a token follows the match)
+        span = n_tok - n
+        hit = a[0:span] == a[span]
+        for j in range(1, n):
+            hit &= a[j : span + j] == a[span + j]
+        idx = np.flatnonzero(hit)
+        if idx.size:
+            i = int(idx[-1]) + n
+            return a[i : min(i + k, n_tok)].tolist()
     return []
 
 
@@ -483,9 +485,11 @@ class PromptLookupDecoder(_BaseDecoder):
 
 
 class _LookaheadState:
-    __slots__ = ("levels", "fill", "pool", "rng")
+    __slots__ = ("levels", "fill", "pool", "rng", "pl_len", "pl_chain")
 
     def __init__(self):
+        self.pl_len = 0  # current prompt-lookup draft length (adaptive)
+        self.pl_chain: list[int] | None = None
         self.levels: list[list[int]] = []
         self.fill = 0
         self.pool: dict[int, list[tuple[int, ...]]] = {}
@@ -517,7 +521,8 @@ class JacobiLookaheadDecoder(_BaseDecoder):
 
     def __init__(self, model, window: int = 5, ngram: int = 4, guess_set: int = 5,
                  prompt_lookup_tokens: int = 0, prompt_lookup_min: int = 2, prompt_lookup_max: int = 4,
-                 pool_from_prompt: bool = True, window_with_draft: bool = True, eos_token_ids=None, max_batch_size: int = 32,
+                 pool_from_prompt: bool = True, window_with_draft: bool = True, adaptive_draft: bool = False,
+                 eos_token_ids=None, max_batch_size: int = 32,
                  num_threads: int | None = None, temperature: float = 0.0, seed: int = 0):
         if temperature and temperature > 0:
             raise ValueError(
@@ -530,6 +535,7 @@ class JacobiLookaheadDecoder(_BaseDecoder):
         self.pl_k, self.pl_min, self.pl_max = prompt_lookup_tokens, prompt_lookup_min, prompt_lookup_max
         self.pool_from_prompt = pool_from_prompt
         self.window_with_draft = window_with_draft
+        self.adaptive_draft = adaptive_draft and prompt_lookup_tokens > 0
         self.seed = seed
         self._mask_cache: dict[tuple, np.ndarray] = {}
 
@@ -560,6 +566,7 @@ class JacobiLookaheadDecoder(_BaseDecoder):
         prompt = seq.tokens
         st.levels = [[st.rng.choice(prompt) for _ in range(self.W)]]
         st.fill = 1
+        st.pl_len = min(self.pl_k, 8) if self.adaptive_draft else self.pl_k
         if self.pool_from_prompt:
             self._pool_add_text(st, prompt, 0)
         seq.state = st
@@ -590,23 +597,25 @@ class JacobiLookaheadDecoder(_BaseDecoder):
         chains: list[list[int]] = []
         if room > 0:
             if self.pl_k > 0:
-                d = _prompt_lookup(seq, min(self.pl_k, room), self.pl_min, self.pl_max)
+                d = _prompt_lookup(seq, min(st.pl_len, room), self.pl_min, self.pl_max)
                 if d:
                     chains.append(d)
-        cands_from_pl = bool(chains)
-        if room > 0:
-            if self.G > 0:
-                grams = st.pool.get(pending)
-                if grams:
-                    for g in reversed(grams):
-                        g = list(g[:room])
-                        if any(c[: len(g)] == g for c in chains):
-                            continue
-                        chains.append(g)
-                        if len(chains) >= self.G + (1 if self.pl_k > 0 else 0):
-                            break
+        st.pl_chain = chains[0] if chains else None
+        have_draft = bool(chains)
+        if room > 0 and self.G > 0:
+            grams = st.pool.get(pending)
+            if grams:
+                taken = 0
+                for g in reversed(grams):  # most recent first
+                    g = list(g[:room])
+                    if any(c[: len(g)] == g for c in chains):
+                        continue
+                    chains.append(g)
+                    taken += 1
+                    if taken >= self.G:
+                        break
         fill = st.fill
-        if self.window_with_draft or not (self.pl_k > 0 and chains and len(chains[0]) > 0 and cands_from_pl):
+        if self.window_with_draft or not have_draft:
             la = [t for lvl in st.levels[:fill] for t in lvl]
         else:
             # a prompt-lookup draft is verified this step: on a CPU, where query tokens are not free,
@@ -639,6 +648,14 @@ class JacobiLookaheadDecoder(_BaseDecoder):
 
     def _after_accept(self, seq: _Seq, p: _Proposal, row: list[int], new: list[int]) -> None:
         st: _LookaheadState = seq.state
+        if st.pl_chain is not None and self.adaptive_draft:
+            # draft length control: double after a fully accepted draft, else shrink to what was
+            # accepted plus two (every rejected draft token is compute spent for nothing)
+            ch, m = st.pl_chain, 0
+            while m < len(ch) and m < len(new) and ch[m] == new[m]:
+                m += 1
+            st.pl_len = min(self.pl_k, 2 * st.pl_len) if m == len(ch) else max(2, min(self.pl_k, m + 2))
+            st.pl_chain = None
         if p.extra is None:  # a plain greedy step (speculate=False): window untouched
             self._pool_add_text(st, seq.tokens, len(seq.tokens) - len(new) - self.N)
             return

@@ -93,7 +93,8 @@ DECODERS = {
     "lookahead+pl": lambda m: JacobiLookaheadDecoder(
         m, window=3, ngram=3, guess_set=3, prompt_lookup_tokens=6, eos_token_ids=[]),
     "lookahead+pl-adaptive": lambda m: JacobiLookaheadDecoder(
-        m, window=3, ngram=4, guess_set=2, prompt_lookup_tokens=12, window_with_draft=False, eos_token_ids=[]),
+        m, window=3, ngram=4, guess_set=2, prompt_lookup_tokens=12, window_with_draft=False,
+        adaptive_draft=True, eos_token_ids=[]),
     "lookahead-noseed": lambda m: JacobiLookaheadDecoder(
         m, window=5, ngram=5, guess_set=2, pool_from_prompt=False, eos_token_ids=[]),
     "prompt_lookup": lambda m: PromptLookupDecoder(m, 4, 2, 5, eos_token_ids=[]),
