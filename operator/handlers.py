@@ -163,7 +163,7 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
             return
         newest = promoted[-1]
         d = k.get_deployment(*newest.key)
-        pods = [p for p in k.pods(newest.namespace, d["spec"]["selector"].get("matchLabels"))
+        pods = [p for p in k.pods(newest.namespace, d["spec"]["selector"])
                 if ((p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
                     and not p["metadata"].get("deletionTimestamp"))] if d else []
         source = measure.reference_target(world.targets)
@@ -245,9 +245,20 @@ def _record_transition(old: dict, new: dict, before: str, after: str, now: datet
 
 
 def _write_status(patch: kopf.Patch, original: dict, status: dict) -> None:
+    """Patch the keys that changed. Nulls inside values are dropped first: the apiserver does not
+    store them, so keeping them would make every tick look like a change."""
     for key, value in status.items():
+        value = _drop_none(value) if value is not None else None
         if original.get(key) != value:
             patch.status[key] = value
+
+
+def _drop_none(value):
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="cleanup")

@@ -481,6 +481,7 @@ def _guarding(b: _Builder) -> None:
 
 def _roll_back(b: _Builder, reason: str, message: str) -> Plan:
     w = b.w
+    b.actions = [a for a in b.actions if a.kind not in (ENSURE_ROLES, ENSURE_LOAD, ENSURE_GUARD_LOAD)]
     promoted = [t.key for t in w.targets if t.promoted]
     if promoted:
         b.act(RESTORE, targets=promoted)

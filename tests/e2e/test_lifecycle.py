@@ -195,7 +195,10 @@ def test_guard_regression_restores_exact_templates(apis, operator_process, prome
                                                   ["50%", "100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
                     operator_process)
-    assert st["phase"] == "RolledBack", st.get("message")
+    assert st["phase"] == "RolledBack", (st.get("message"), st.get("guard"),
+                                         [(e.reason, e.message) for e in events_of(core, ns, "chat")],
+                                         [(j.metadata.name, j.metadata.labels, j.spec.template.spec.containers[0].args)
+                                          for j in batch.list_namespaced_job(ns).items], operator_process.log()[-3000:])
     assert st["decision"]["action"] == "Promote"
     assert st["rollback"]["reason"] == "GuardRegression"
     assert sorted(st["rollback"]["restored"]) == [f"{ns}/chat-a", f"{ns}/chat-b"]
