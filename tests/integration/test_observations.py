@@ -117,8 +117,14 @@ def test_observations_equal_what_the_engines_recorded(driven, prometheus, role):
                                (o.queue_time_s, M.queue_time)):
             expected = d[f"{base}_sum"] / d[f"{base}_count"]
             assert measured.value == pytest.approx(expected, rel=1e-9, abs=1e-12), (where, base, measured)
-            assert measured.samples == len(step.completed)
+            assert measured.samples == d[f"{base}_count"], (where, base)
+            if base != M.per_token_latency:   # request-level histograms: one observation a request
+                assert measured.samples == len(step.completed), (where, base)
         assert o.per_token_latency_source == "per_token_histogram"
+        # the reference engine's per-token series is its per-token ITL: one observation for every
+        # token after each request's first
+        if M.per_token_latency == "vllm:inter_token_latency_seconds":
+            assert o.per_token_latency_s.samples == step.output_tokens - len(step.completed), where
 
         # the client's per-token latency (usage-counted) agrees with the engine's, within jitter
         client = statistics.fmean(step.per_token_latencies_s())
