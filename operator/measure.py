@@ -1,12 +1,13 @@
 """Measurement glue for the operator: Prometheus samples -> sequential statistics -> the rows,
-decisions and guard checks the state machine consumes. Pure where it can be; the only I/O is
-``PrometheusConnect`` range queries, one function each.
+decisions and guard checks the state machine consumes. Prometheus is read through
+``observations`` (one implementation of the queries for the operator and ``analyze``).
 
 Samples are disjoint intervals of ``SAMPLE_INTERVAL_S`` seconds (the confidence sequences assume
 independent samples; overlapping windows would make intervals too narrow):
-- per-token latency: increase of the per-token-latency histogram's _sum / _count in the interval
-  (request_time_per_output_token for vLLM; never chunk ITL);
-- throughput: increase of the generated-tokens counter in the interval / its length, per pod.
+- per-token latency: the per-token-latency histogram's _sum / _count increase in the interval
+  (request_time_per_output_token for vLLM, our per-token ITL for the reference engine; never
+  vLLM's per-chunk ITL);
+- throughput: the generated-tokens counter's increase in the interval / its length.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from . import builders as b
-from . import engines
+from . import engines, observations
 from . import statemachine as sm
 from .decision import Action, BatchVerdict, decide
 from .preflight import preflight as run_preflight
@@ -82,40 +83,21 @@ def _prom(spec: Any):
     return PrometheusConnect(url=spec.analysis.prometheus.url, disable_ssl=True)
 
 
-def _matcher(labels: dict[str, str]) -> str:
-    """A PromQL label matcher; values with regex characters match as regular expressions."""
-    parts = [f'{k}{"=~" if any(c in v for c in "|*") else "="}"{v}"' for k, v in labels.items()]
-    return "{" + ",".join(parts) + "}"
-
-
-def _range(prom, query: str, start: datetime, end: datetime, step: int) -> list[float]:
-    """Values of a range query, one per step, dropping intervals without data (NaN/absent)."""
-    if (end - start).total_seconds() < step:
-        return []
-    result = prom.custom_query_range(query, start_time=start, end_time=end, step=f"{step}s")
-    out: list[float] = []
-    for series in result:
-        for _, value in series.get("values", []):
-            x = float(value)
-            if math.isfinite(x):
-                out.append(x)
-    return out
-
-
 def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,
                      step: int = SAMPLE_INTERVAL_S) -> dict[str, list[float]]:
-    """Disjoint-interval samples of per-token latency (s) and per-pod output throughput (tok/s)."""
-    sel = _matcher(labels)
-    w = f"{step}s"
-    # Prometheus evaluates each point over (t - w, t]: the first point after start covers the first interval.
-    first = start + timedelta(seconds=step)
-    out: dict[str, list[float]] = {"latency": [], "throughput": []}
-    if names.per_token_latency:
-        h = names.per_token_latency
-        out["latency"] = _range(prom, f"sum(increase({h}_sum{sel}[{w}])) / sum(increase({h}_count{sel}[{w}]))",
-                                first, end, step)
-    out["throughput"] = _range(prom, f"avg(increase({names.generation_tokens}{sel}[{w}])) / {step}", first, end, step)
-    return out
+    """Disjoint-interval samples of per-token latency (s) and output throughput (tok/s) of the
+    pods ``labels`` select, read by ``observations.observe`` (exact, reset-aware increases from
+    the raw samples). Intervals without a finished token carry no latency sample: never a zero."""
+    # A window can only end where Prometheus has scraped: past the newest sample nothing is known yet.
+    scraped = observations.last_scrape_time(prom, names.generation_tokens, labels)
+    end_s = min(end.timestamp(), scraped) if scraped is not None else end.timestamp()
+    if end_s - start.timestamp() < step:
+        return {"latency": [], "throughput": [], "acceptance": None}
+    obs = observations.observe(prom, names, labels, start.timestamp(), end_s, interval_s=step)
+    iv = obs.intervals
+    return {"latency": [x for x in iv.per_token_latency_s if x is not None],
+            "throughput": [x for x in iv.output_tokens_per_s if x is not None],
+            "acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None}
 
 
 def _scalar(prom, query: str) -> float | None:
@@ -124,13 +106,6 @@ def _scalar(prom, query: str) -> float | None:
         return None
     x = float(res[0]["value"][1])
     return x if math.isfinite(x) else None
-
-
-def acceptance_rate(prom, names: engines.MetricNames, labels: dict[str, str], seconds: float) -> float | None:
-    if not (names.accepted_tokens and names.draft_tokens):
-        return None
-    sel, w = _matcher(labels), f"{max(int(seconds), SAMPLE_INTERVAL_S)}s"
-    return _scalar(prom, f"sum(increase({names.accepted_tokens}{sel}[{w}])) / sum(increase({names.draft_tokens}{sel}[{w}]))")
 
 
 def role_labels(policy_name: str, role: str) -> dict[str, str]:
@@ -194,11 +169,13 @@ def batch_verdict(spec: Any, policy_name: str, batch_size: int, start: datetime,
     warmup = _seconds(getattr(spec.load, "warmup", 0) or 0)
     start = start + timedelta(seconds=min(warmup, max(0.0, (end - start).total_seconds() / 4)))
     lat, tp = SequentialComparison.for_latency(th), SequentialComparison.for_throughput(th)
+    acc = None
     for role in b.ROLES:
         s = interval_samples(prom, names, role_labels(policy_name, role), start, end)
         lat.add(role, s["latency"])
         tp.add(role, s["throughput"])
-    acc = acceptance_rate(prom, names, role_labels(policy_name, "canary"), (end - start).total_seconds())
+        if role == "canary":
+            acc = s["acceptance"]
     bv = BatchVerdict(batch_size, lat.result(), tp.result(), acc)
     return bv, batch_row(bv, th)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"
 
