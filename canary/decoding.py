@@ -681,6 +681,13 @@ def make_decoder(model, speculative_config: dict | None = None, **kw) -> _BaseDe
     ``"prompt_lookup_tokens"``, ``"prompt_lookup_min"``, ``"prompt_lookup_max"``,
     ``"window_with_draft"``, ``"pool_from_prompt"``) or
     ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}``."""
+    try:
+        return _make_decoder(model, speculative_config, **kw)
+    except TypeError as e:  # an unknown key in the config
+        raise ValueError(f"bad speculative config {speculative_config!r}: {e}") from None
+
+
+def _make_decoder(model, speculative_config, **kw) -> _BaseDecoder:
     if not speculative_config:
         return GreedyDecoder(model, **kw)
     cfg = dict(speculative_config)

@@ -247,6 +247,8 @@ def test_errors(tiny, prompts):
         dec.add("c", prompts[0], 4)
     with pytest.raises(ValueError):
         make_decoder(m, {"method": "medusa"})
+    with pytest.raises(ValueError, match="bad speculative config"):
+        make_decoder(m, {"method": "jacobi", "windw": 3})
 
 
 def test_make_decoder(tiny):
