@@ -1,0 +1,66 @@
+"""One policy on the real SmolLM2-135M model: the fleet, the canary and the control are reference
+engines running real torch decoding on CPU, measured through the real Prometheus. Whatever the
+verdict on this hardware, it must come from real numbers, and analysisOnly never touches the fleet."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from lookahead_operator import builders as b
+from lookahead_operator.devcluster import wait_for
+
+from .test_lifecycle import GROUP, PLURAL, VERSION, events_of, no_leftovers, sanitized, wait_phase
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+
+def smollm2_deployment(ns: str) -> dict:
+    labels = {"app": "smol"}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "smol", "namespace": ns, "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true"}},
+                              "spec": {"containers": [{
+                                  "name": "engine", "image": "ghcr.io/lookahead-rollout/reference-engine:0.1.0",
+                                  "command": ["python3", "-m", "lookahead_canary.server"],
+                                  "args": ["--host", "$(POD_IP)", "--port", "$(PORT)", "--model", "smollm2",
+                                           "--max-num-seqs", "4"],
+                                  "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                                  "ports": [{"name": "http", "containerPort": 8000}],
+                                  "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}}}]}}},
+    }
+
+
+def test_real_model_policy_decides_from_real_numbers(kube_api, operator_process, prometheus):
+    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
+                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    ns = "e2e-smollm2"
+    core.create_namespace({"metadata": {"name": ns}})
+    apps.create_namespaced_deployment(ns, smollm2_deployment(ns))
+    before = sanitized(apps, ns, "smol")
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "LookaheadPolicy",
+        "metadata": {"name": "smol", "namespace": ns},
+        "spec": {
+            "targets": {"selector": {"matchLabels": {"app": "smol"}}},
+            "engine": "reference",
+            "lookahead": {"method": "jacobi", "window": 4, "ngram": 3, "guessSet": 4},
+            "load": {"mode": "sweep", "batchSizes": [1], "stepDuration": "100s", "warmup": "10s",
+                     "minSamplesPerStep": 5, "prompts": {"builtin": "code"}},
+            "analysis": {"prometheus": {"url": prometheus.url}, "deadline": "4m", "confidence": 0.95},
+            "promotion": {"mode": "analysisOnly", "waves": ["100%"]},
+        }})
+    st = wait_phase(custom, ns, "smol", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 420, operator_process)
+    row = st["batches"][0]
+    assert row["batchSize"] == 1
+    assert row["controlTpotMs"] > 1 and row["canaryTpotMs"] > 1, row
+    assert row["controlTokensPerSecond"] > 0 and row["canaryTokensPerSecond"] > 0, row
+    assert row["acceptanceRate"] is not None and 0 <= row["acceptanceRate"] <= 1, row
+    assert row["samples"]["control"] >= 1 and row["samples"]["canary"] >= 1
+    assert st["decision"]["action"] in ("Promote", "PromoteRegimeAware", "Rollback", "Inconclusive")
+    assert st["decision"]["reason"]
+    assert not any(e.reason == "Promoted" for e in events_of(core, ns, "smol"))
+    assert sanitized(apps, ns, "smol")["spec"] == before["spec"], "analysisOnly never touches the fleet"
+    wait_for(lambda: no_leftovers(apps, batch, ns, "smol"), timeout=60, what="canary/control/Jobs removed")
