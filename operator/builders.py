@@ -15,6 +15,8 @@ from typing import Callable, Iterable
 
 GROUP = "lookahead.dev"
 LABEL_POLICY = f"{GROUP}/policy"
+# Policy names repeat across namespaces: every selector of ours pairs the name with its namespace.
+LABEL_POLICY_NAMESPACE = f"{GROUP}/policy-namespace"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_TARGET = f"{GROUP}/target"
 LABEL_STEP = f"{GROUP}/step"
@@ -67,9 +69,14 @@ def _with_container(template: dict, index: int, transform: ContainerTransform) -
     return out
 
 
-def role_labels(policy_name: str, role: str, target_name: str, generation: int) -> dict[str, str]:
+def policy_labels(policy: dict) -> dict[str, str]:
+    """The labels that identify a policy's objects (name and namespace)."""
+    return {LABEL_POLICY: policy["metadata"]["name"], LABEL_POLICY_NAMESPACE: policy["metadata"]["namespace"]}
+
+
+def role_labels(policy: dict, role: str, target_name: str, generation: int) -> dict[str, str]:
     return {
-        LABEL_POLICY: policy_name,
+        **policy_labels(policy),
         LABEL_ROLE: role,
         LABEL_TARGET: target_name,
         LABEL_GENERATION: str(generation),
@@ -105,7 +112,7 @@ def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
     policy_name = policy["metadata"]["name"]
     generation = int(policy["metadata"].get("generation", 1))
     target_meta = target["metadata"]
-    labels = role_labels(policy_name, role, target_meta["name"], generation)
+    labels = role_labels(policy, role, target_meta["name"], generation)
     template = copy.deepcopy(target["spec"]["template"])
     index = engine_container_index(template, is_engine)
     template = _with_container(template, index, transform)
@@ -132,7 +139,7 @@ def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
         "metadata": meta,
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": {LABEL_POLICY: policy_name, LABEL_ROLE: role}},
+            "selector": {"matchLabels": {**policy_labels(policy), LABEL_ROLE: role}},
             "template": template,
         },
     }
@@ -157,7 +164,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, bat
     """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role."""
     policy_name = policy["metadata"]["name"]
     generation = int(policy["metadata"].get("generation", 1))
-    labels = {LABEL_POLICY: policy_name, LABEL_ROLE: "loadgen", LABEL_STEP: str(step),
+    labels = {**policy_labels(policy), LABEL_ROLE: "loadgen", LABEL_STEP: str(step),
               LABEL_GENERATION: str(generation), LABEL_MANAGED_BY: MANAGED_BY,
               f"{GROUP}/drives": role, **(extra_labels or {})}
     args = ["--url", url, "--concurrency", str(batch_size), "--step-duration", f"{int(duration_s)}s",
@@ -208,10 +215,10 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
     policy_name = policy["metadata"]["name"]
     relabel = [
         {"sourceLabels": [f"__meta_kubernetes_pod_label_lookahead_dev_{k}"], "targetLabel": f"lookahead_dev_{k}"}
-        for k in ("role", "policy", "target")
+        for k in ("role", "policy", "policy_namespace", "target")
     ] + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
     meta = {"name": dns_name("lap", policy_name), "namespace": namespace,
-            "labels": {LABEL_POLICY: policy_name, LABEL_MANAGED_BY: MANAGED_BY}}
+            "labels": {**policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY}}
     if policy["metadata"].get("namespace") == namespace:
         meta["ownerReferences"] = [owner_reference(policy)]
     return {
@@ -219,7 +226,7 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
         "kind": "PodMonitor",
         "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": {LABEL_POLICY: policy_name},
+            "selector": {"matchLabels": policy_labels(policy),
                          "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(ROLES)}]},
             "podMetricsEndpoints": [{"port": port_name, "path": path, "interval": "5s",
                                      "relabelings": relabel}],

@@ -57,6 +57,7 @@ class LookaheadParams:
     num_speculative_tokens: int = 4    # ngram methods: K
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
+    prompt_lookup_tokens: int = 0      # jacobi: prompt-lookup draft verified alongside (0: off)
 
 
 _ALIASES = {
@@ -67,6 +68,7 @@ _ALIASES = {
     "num_speculative_tokens": ("num_speculative_tokens", "numSpeculativeTokens"),
     "prompt_lookup_min": ("prompt_lookup_min", "promptLookupMin"),
     "prompt_lookup_max": ("prompt_lookup_max", "promptLookupMax"),
+    "prompt_lookup_tokens": ("prompt_lookup_tokens", "promptLookupTokens"),
 }
 
 
@@ -96,7 +98,7 @@ def lookahead_params(spec: Any) -> LookaheadParams:
     for k, v in list(kw.items()):
         if k != "method":
             kw[k] = int(v)
-            if kw[k] < 1:
+            if kw[k] < (0 if k == "prompt_lookup_tokens" else 1):
                 raise EngineError(f"lookahead {k} must be >= 1, got {v}")
     return LookaheadParams(**kw)
 
@@ -479,6 +481,10 @@ def reference_speculative_config(lookahead_spec: Any) -> str:
     p = lookahead_params(lookahead_spec)
     if p.method == "jacobi":
         cfg: dict[str, Any] = {"method": "jacobi", "window": p.window, "ngram": p.ngram, "guess_set": p.guess_set}
+        if p.prompt_lookup_tokens:
+            # The original implementation seeds candidates from the prompt too; on steps with such a
+            # draft the Jacobi window is skipped (fewer query tokens: see docs/benchmarks/engine-cpu.md).
+            cfg.update(prompt_lookup_tokens=p.prompt_lookup_tokens, window_with_draft=False)
     else:
         cfg = {"method": "ngram", "num_speculative_tokens": p.num_speculative_tokens,
                "prompt_lookup_min": p.prompt_lookup_min, "prompt_lookup_max": p.prompt_lookup_max}

@@ -91,7 +91,7 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
                                      spec.targets.namespaces)
     deployments = k.deployments(namespaces, _dump(spec.targets.selector))
     world.targets = [measure.target_of(d, spec.engine) for d in deployments]
-    roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["name"])}
+    roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
     world.roles_present = {r: r in roles for r in b.ROLES}
     world.roles_ready = {r: measure.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
 
@@ -102,11 +102,12 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
     if phase == sm.PREFLIGHT:
         world.preflight, world.auto_batch_sizes = measure.preflight(spec, world.targets)
     elif phase == sm.MEASURING:
-        world.step = measure.step(spec, meta["name"], status, now)
+        world.step = measure.step(spec, (meta["namespace"], meta["name"]), status, now)
     elif phase == sm.DECIDING:
         world.decision = measure.decision(spec, status, now, world.targets)
     elif phase in (sm.PROMOTING, sm.GUARDING):
-        world.guard = measure.guard(spec, meta["name"], status, now, k.load_jobs(meta["name"]))
+        world.guard = measure.guard(spec, (meta["namespace"], meta["name"]), status, now,
+                                    k.load_jobs(meta["namespace"], meta["name"]))
     return world
 
 
@@ -154,7 +155,7 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
             k.create_if_absent(b.build_pod_monitor(body, source.namespace))
     elif action.kind == sm.ENSURE_LOAD:
         source = measure.reference_target(world.targets)
-        pods = {role: k.role_pods(source.namespace, world.name, role) for role in b.ROLES}
+        pods = {role: k.role_pods(source.namespace, world.namespace, world.name, role) for role in b.ROLES}
         for job in measure.load_jobs(spec, body, source.namespace, a["step"], a["batch_size"], pods):
             k.create_if_absent(job)
     elif action.kind == sm.ENSURE_GUARD_LOAD:
@@ -167,13 +168,13 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
                 if ((p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
                     and not p["metadata"].get("deletionTimestamp"))] if d else []
         source = measure.reference_target(world.targets)
-        control = k.role_pods(source.namespace, world.name, "control")
+        control = k.role_pods(source.namespace, world.namespace, world.name, "control")
         for job in measure.guard_jobs(spec, body, a["wave"], a["batch_size"], pods, control):
             k.create_if_absent(job)
     elif action.kind == sm.DELETE_LOAD:
-        k.delete_load_jobs(world.name, a.get("step"))
+        k.delete_load_jobs(world.namespace, world.name, a.get("step"))
     elif action.kind == sm.DELETE_ROLES:
-        k.delete_role_deployments(world.name)
+        k.delete_role_deployments(world.namespace, world.name)
     elif action.kind == sm.PATCH:
         regime = measure.promotion_regime(world.status)
         for ns, name in a["targets"]:
@@ -270,8 +271,8 @@ def cleanup(body, meta, **_) -> None:
     name, namespace = meta["name"], meta["namespace"]
     me = f"{namespace}/{name}"
     phase = (body.get("status") or {}).get("phase")
-    k.delete_load_jobs(name)
-    k.delete_role_deployments(name)
+    k.delete_load_jobs(namespace, name)
+    k.delete_role_deployments(namespace, name)
     for t in (body.get("status") or {}).get("targets") or []:
         d = k.get_deployment(t["namespace"], t["name"])
         if d is None:

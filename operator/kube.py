@@ -86,21 +86,25 @@ class Kube:
         d = _ignore(404, self.apps.read_namespaced_deployment, name, namespace)
         return self._sanitize(d) if d is not None else None
 
-    def role_deployments(self, policy_name: str) -> list[dict]:
-        sel = f"{b.LABEL_POLICY}={policy_name},{b.LABEL_MANAGED_BY}={b.MANAGED_BY}"
+    @staticmethod
+    def _policy_selector(policy_ns: str, policy_name: str) -> str:
+        return f"{b.LABEL_POLICY}={policy_name},{b.LABEL_POLICY_NAMESPACE}={policy_ns}"
+
+    def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
+        sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_MANAGED_BY}={b.MANAGED_BY}"
         items = self.apps.list_deployment_for_all_namespaces(label_selector=sel).items
         return [self._sanitize(d) for d in items if (d.metadata.labels or {}).get(b.LABEL_ROLE) in b.ROLES]
 
-    def role_pods(self, namespace: str, policy_name: str, role: str) -> list[dict]:
-        sel = f"{b.LABEL_POLICY}={policy_name},{b.LABEL_ROLE}={role}"
+    def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
+        sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}={role}"
         return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
 
     def pods(self, namespace: str, selector: dict | None) -> list[dict]:
         sel = selector_string(selector)
         return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
 
-    def load_jobs(self, policy_name: str) -> list[dict]:
-        sel = f"{b.LABEL_POLICY}={policy_name},{b.LABEL_ROLE}=loadgen"
+    def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
+        sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}=loadgen"
         return [self._sanitize(j) for j in self.batch.list_job_for_all_namespaces(label_selector=sel).items]
 
     # --- writes ------------------------------------------------------------------------------------
@@ -129,18 +133,18 @@ class Kube:
             raise
         return True
 
-    def delete_role_deployments(self, policy_name: str) -> int:
+    def delete_role_deployments(self, policy_ns: str, policy_name: str) -> int:
         n = 0
-        for d in self.role_deployments(policy_name):
+        for d in self.role_deployments(policy_ns, policy_name):
             meta = d["metadata"]
             _ignore(404, self.apps.delete_namespaced_deployment, meta["name"], meta["namespace"],
                     propagation_policy="Background")
             n += 1
         return n
 
-    def delete_load_jobs(self, policy_name: str, step: int | None = None) -> int:
+    def delete_load_jobs(self, policy_ns: str, policy_name: str, step: int | None = None) -> int:
         n = 0
-        for j in self.load_jobs(policy_name):
+        for j in self.load_jobs(policy_ns, policy_name):
             meta = j["metadata"]
             if step is not None and meta["labels"].get(b.LABEL_STEP) != str(step):
                 continue

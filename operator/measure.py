@@ -108,8 +108,10 @@ def _scalar(prom, query: str) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def role_labels(policy_name: str, role: str) -> dict[str, str]:
-    return {"lookahead_dev_policy": policy_name, "lookahead_dev_role": role}
+def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:
+    """Prometheus labels of a policy's canary or control pods (``policy``: namespace, name)."""
+    namespace, name = policy
+    return {"lookahead_dev_policy": name, "lookahead_dev_policy_namespace": namespace, "lookahead_dev_role": role}
 
 
 # --- what each phase needs -----------------------------------------------------------------------
@@ -160,7 +162,7 @@ def _verdict_word(bv: BatchVerdict, th: Thresholds) -> str:
     return bv.outcome(th).value
 
 
-def batch_verdict(spec: Any, policy_name: str, batch_size: int, start: datetime, end: datetime,
+def batch_verdict(spec: Any, policy: tuple[str, str], batch_size: int, start: datetime, end: datetime,
                   engine: str) -> tuple[BatchVerdict, dict[str, Any]]:
     """Canary vs control at one batch size over [start, end]: the verdict and its status row."""
     prom = _prom(spec)
@@ -171,7 +173,7 @@ def batch_verdict(spec: Any, policy_name: str, batch_size: int, start: datetime,
     lat, tp = SequentialComparison.for_latency(th), SequentialComparison.for_throughput(th)
     acc = None
     for role in b.ROLES:
-        s = interval_samples(prom, names, role_labels(policy_name, role), start, end)
+        s = interval_samples(prom, names, role_labels(policy, role), start, end)
         lat.add(role, s["latency"])
         tp.add(role, s["throughput"])
         if role == "canary":
@@ -194,7 +196,7 @@ def _batch_sizes(status: dict) -> list[int]:
     return list((status.get("progress") or {}).get("batchSizes") or [1])
 
 
-def step(spec: Any, policy_name: str, status: dict, now: datetime) -> sm.StepMeasurement | None:
+def step(spec: Any, policy: tuple[str, str], status: dict, now: datetime) -> sm.StepMeasurement | None:
     progress = status.get("progress") or {}
     sizes = _batch_sizes(status)
     i = int(progress.get("step", 0))
@@ -202,7 +204,7 @@ def step(spec: Any, policy_name: str, status: dict, now: datetime) -> sm.StepMea
         return None
     start = datetime.strptime(progress["stepStartedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     engine = _engine(status)
-    bv, row = batch_verdict(spec, policy_name, sizes[i], start, now, engine)
+    bv, row = batch_verdict(spec, policy, sizes[i], start, now, engine)
     return sm.StepMeasurement(row=row, conclusive=bv.settled(thresholds(spec)))
 
 
@@ -267,7 +269,7 @@ def promotion_regime(status: dict) -> int | None:
     return None
 
 
-def guard(spec: Any, policy_name: str, status: dict, now: datetime, jobs: list[dict]) -> sm.GuardCheck | None:
+def guard(spec: Any, policy: tuple[str, str], status: dict, now: datetime, jobs: list[dict]) -> sm.GuardCheck | None:
     """A promoted fleet pod vs the control, both driven by the guard's load Jobs at the largest
     measured batch size, on output throughput since the current guard Jobs started. A regression
     beyond the guard's tolerance, with confidence, rolls back."""
@@ -290,7 +292,7 @@ def guard(spec: Any, policy_name: str, status: dict, now: datetime, jobs: list[d
     comp = SequentialComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
     start = start + timedelta(seconds=SAMPLE_INTERVAL_S)  # let the closed loop fill
     comp.add("canary", interval_samples(prom, names, {"namespace": pod_ns, "pod": pod}, start, now)["throughput"])
-    comp.add("control", interval_samples(prom, names, role_labels(policy_name, "control"), start, now)["throughput"])
+    comp.add("control", interval_samples(prom, names, role_labels(policy, "control"), start, now)["throughput"])
     r = comp.result()
     if r.estimate is None or r.interval is None:
         return sm.GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)

@@ -435,6 +435,11 @@ class LookaheadConfig(ApiModel):
     num_speculative_tokens: int = Field(default=4, ge=1, le=32, description="ngram: K, draft tokens proposed per step.")
     prompt_lookup_min: int = Field(default=2, ge=1, le=32, description="ngram: shortest n-gram matched in the context.")
     prompt_lookup_max: int = Field(default=5, ge=1, le=32, description="ngram: longest n-gram matched in the context.")
+    prompt_lookup_tokens: int = Field(
+        default=0, ge=0, le=64,
+        description="jacobi: also verify a draft of up to this many tokens copied from the prompt each step, and "
+                    "skip the Jacobi window on steps that have one (0: off). Pays on CPUs and for code, where "
+                    "output repeats the input.")
 
     @model_validator(mode="after")
     def _cross_field(self) -> "LookaheadConfig":
@@ -455,10 +460,9 @@ class LookaheadConfig(ApiModel):
 
     def speculative_config(self) -> dict[str, Any]:
         """The ``--speculative-config`` JSON of the reference engine (vLLM's shape for ngram)."""
-        if self.method == "jacobi":
-            return {"method": "jacobi", "window": self.window, "ngram": self.ngram, "guess_set": self.guess_set}
-        return {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
-                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        from .engines import reference_speculative_config
+
+        return json.loads(reference_speculative_config(self))
 
 
 class CanarySpec(ApiModel):

@@ -118,7 +118,7 @@ def events_of(core, ns, name):
 
 
 def no_leftovers(apps, batch, ns, policy_name):
-    sel = f"{b.LABEL_POLICY}={policy_name}"
+    sel = f"{b.LABEL_POLICY}={policy_name},{b.LABEL_POLICY_NAMESPACE}={ns}"
     return (not apps.list_namespaced_deployment(ns, label_selector=sel).items
             and not [j for j in batch.list_namespaced_job(ns, label_selector=sel).items
                      if not j.metadata.deletion_timestamp])

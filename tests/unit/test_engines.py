@@ -217,3 +217,14 @@ def test_regime_config():
     assert engines.regime_config("reference", JACOBI, 4)["--lookahead-max-batch-size"] == 4
     v = engines.regime_config("vllm", NGRAM, 8, engine_max_batch=32)
     assert v["--speculative-config"]["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 32, 0]]
+
+
+def test_reference_jacobi_with_prompt_lookup_seeding():
+    import json as _json
+    from lookahead_operator.engines import reference_speculative_config
+    cfg = _json.loads(reference_speculative_config({"method": "jacobi", "window": 3, "ngram": 4, "guessSet": 2,
+                                                    "promptLookupTokens": 24}))
+    assert cfg == {"method": "jacobi", "window": 3, "ngram": 4, "guess_set": 2, "prompt_lookup_tokens": 24,
+                   "window_with_draft": False}
+    plain = _json.loads(reference_speculative_config({"method": "jacobi", "promptLookupTokens": 0}))
+    assert "prompt_lookup_tokens" not in plain and plain["window"] == 7
