@@ -200,6 +200,12 @@ def reconcile(world: Observed) -> Plan:
         b.go(FAILED, "InvalidSpec", world.spec_error, warning=True)
         b.cond("Accepted", False, "InvalidSpec", world.spec_error)
         return b.plan()
+    if getattr(getattr(spec.load, "mode", None), "value", spec.load.mode) == "live":
+        message = ("spec.load.mode: live (canary and control taking a share of the fleet's real traffic) is not "
+                   "implemented in this version; use mode: sweep")
+        b.cond("Accepted", False, "Unsupported", message)
+        b.go(FAILED, "Unsupported", message, warning=True)
+        return b.plan()
     b.cond("Accepted", True, "Valid", "the spec is valid")
 
     # A changed spec restarts measurement: nothing measured under the old spec is mixed in.

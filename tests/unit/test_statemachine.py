@@ -241,3 +241,12 @@ def test_guard_without_data_waits_then_rolls_back_at_the_deadline():
     plan = sm.reconcile(replace(w2, now=T0 + timedelta(seconds=700)))
     assert plan.status["phase"] == "RolledBack" and plan.status["rollback"]["reason"] == "GuardNoData"
     assert kinds(plan)[0] == "RestoreTargets"
+
+
+def test_live_mode_is_refused_with_a_condition_naming_the_field():
+    s = spec()
+    s.load = NS(mode="live", batch_sizes=None, step_duration=60.0)
+    plan = sm.reconcile(world(spec=s))
+    cond = {c["type"]: c for c in plan.status["conditions"]}["Accepted"]
+    assert plan.status["phase"] == "Failed" and cond["status"] == "False" and "spec.load.mode" in cond["message"]
+    assert plan.actions == []
