@@ -65,6 +65,8 @@ MAX_STOP_STRINGS = 16
 
 JACOBI_DEFAULTS = {"window": 7, "ngram": 5, "guess_set": 7, "prompt_lookup_tokens": 0}
 NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+# jacobi switches: advance the Jacobi window on steps that also verify a prompt-lookup draft
+JACOBI_FLAGS = {"window_with_draft": True}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,11 +87,17 @@ def _speculative_config(text: str) -> dict[str, Any]:
     else:
         raise argparse.ArgumentTypeError(
             f"method must be \"jacobi\" or \"ngram\", got {method!r}")
-    unknown = sorted(set(spec) - set(allowed) - {"method"})
+    flags = JACOBI_FLAGS if method == "jacobi" else {}
+    unknown = sorted(set(spec) - set(allowed) - set(flags) - {"method"})
     if unknown:
         raise argparse.ArgumentTypeError(
             f"unknown keys for method {method}: {unknown} (known: {sorted(allowed)})")
     out: dict[str, Any] = {"method": method}
+    for key, default in flags.items():
+        value = spec.get(key, default)
+        if not isinstance(value, bool):
+            raise argparse.ArgumentTypeError(f"{key} must be true or false, got {value!r}")
+        out[key] = value
     for key, default in allowed.items():
         value = spec.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):

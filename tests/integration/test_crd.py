@@ -134,7 +134,8 @@ def test_minimal_policy_gets_every_default(objects, namespace):
     assert spec == LookaheadPolicySpec.model_validate(minimal_body(name, namespace)["spec"]).to_dict()
     assert spec["engine"] == "auto" and spec["paused"] is False
     assert spec["lookahead"] == {"method": "jacobi", "window": 7, "ngram": 5, "guessSet": 7,
-                                 "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5}
+                                 "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5,
+                                 "promptLookupTokens": 0}
     assert spec["load"]["prompts"] == {"builtin": "chat"} and "batchSizes" not in spec["load"]
     assert spec["analysis"]["maxThroughputRegression"] == "2%" and spec["analysis"]["confidence"] == 0.99
     assert spec["promotion"]["waves"] == ["10%", "50%", "100%"]

@@ -124,6 +124,10 @@ def test_command_line_as_documented():
                     '"prompt_lookup_max":5}'])
     assert n.speculative_config == {"method": "ngram", "num_speculative_tokens": 4,
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    # what the operator renders for `promptLookupTokens` (jacobi with prompt-seeded drafts)
+    s = parse_args(["--speculative-config", '{"method":"jacobi","window":3,"ngram":4,"guess_set":2,'
+                    '"prompt_lookup_tokens":24,"window_with_draft":false}'])
+    assert s.speculative_config["prompt_lookup_tokens"] == 24 and s.speculative_config["window_with_draft"] is False
 
 
 @pytest.mark.parametrize("argv", [
@@ -132,6 +136,8 @@ def test_command_line_as_documented():
     ["--speculative-config", '{"method":"jacobi","window":0}'],
     ["--speculative-config", '{"method":"jacobi","windows":7}'],
     ["--speculative-config", '{"method":"ngram","num_speculative_tokens":"4"}'],
+    ["--speculative-config", '{"method":"jacobi","window_with_draft":"no"}'],
+    ["--speculative-config", '{"method":"ngram","window_with_draft":false}'],
     ["--max-num-seqs", "0"],
     ["--lookahead-max-batch-size", "-1"],
     ["--backend", "vllm"],
