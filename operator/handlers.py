@@ -159,17 +159,14 @@ def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: s
         for job in measure.load_jobs(spec, body, source.namespace, a["step"], a["batch_size"], pods):
             k.create_if_absent(job)
     elif action.kind == sm.ENSURE_GUARD_LOAD:
-        promoted = sorted((t for t in world.targets if t.promoted), key=lambda t: t.key)
-        if not promoted:
+        newest = measure.newest_promoted(world.targets)
+        d = k.get_deployment(*newest.key) if newest else None
+        if d is None:
             return
-        newest = promoted[-1]
-        d = k.get_deployment(*newest.key)
-        pods = [p for p in k.pods(newest.namespace, d["spec"]["selector"])
-                if ((p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
-                    and not p["metadata"].get("deletionTimestamp"))] if d else []
         source = measure.reference_target(world.targets)
         control = k.role_pods(source.namespace, world.namespace, world.name, "control")
-        for job in measure.guard_jobs(spec, body, a["wave"], a["batch_size"], pods, control):
+        fleet_pods = k.pods(newest.namespace, d["spec"]["selector"])
+        for job in measure.guard_jobs(spec, body, a["wave"], a["batch_size"], newest, fleet_pods, control):
             k.create_if_absent(job)
     elif action.kind == sm.DELETE_LOAD:
         k.delete_load_jobs(world.namespace, world.name, a.get("step"))

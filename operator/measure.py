@@ -302,9 +302,19 @@ def guard(spec: Any, policy: tuple[str, str], status: dict, now: datetime, jobs:
     return sm.GuardCheck(r.verdict.value == "Worse", words)
 
 
-def guard_jobs(spec: Any, policy: dict, wave: int, batch_size: int, promoted_pods: list[dict],
+def newest_promoted(targets: list[sm.Target]) -> sm.Target | None:
+    """The target promoted last (waves promote targets in their stable order)."""
+    promoted = sorted((t for t in targets if t.promoted), key=lambda t: t.key)
+    return promoted[-1] if promoted else None
+
+
+def guard_jobs(spec: Any, policy: dict, wave: int, batch_size: int, newest: sm.Target, fleet_pods: list[dict],
                control_pods: list[dict]) -> list[dict]:
-    """The guard's load: one Job on a ready promoted pod, one on a ready control pod."""
+    """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
+    pods carry the decision id), one on a ready control pod."""
+    promoted_pods = [p for p in fleet_pods
+                     if (p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
+                     and not p["metadata"].get("deletionTimestamp")]
     duration = _seconds(spec.promotion.guard.duration) + _seconds(spec.promotion.wave_duration)
     prompts = spec.load.prompts.builtin.value if getattr(spec.load.prompts, "builtin", None) else "chat"
     image = spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE

@@ -32,3 +32,35 @@ def test_row_without_data_rebuilds_as_not_enough_data():
     row = {"batchSize": 4, "verdict": "Pending"}
     v = _comparison_from_row(row, TH)
     assert v.outcome(TH).value == "Pending"
+
+
+def _pod(name, ip, ready=True, promoted=None, deleting=False):
+    meta = {"name": name, "namespace": "ns", "annotations": {"lookahead.dev/promoted": promoted} if promoted else {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    return {"metadata": meta, "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_guard_jobs_drive_a_ready_pod_of_the_promoted_template_and_the_control():
+    from types import SimpleNamespace as NS
+
+    from lookahead_operator import statemachine as sm
+    from lookahead_operator.measure import guard_jobs, newest_promoted
+
+    spec = NS(promotion=NS(guard=NS(duration="20s"), wave_duration="10s"),
+              load=NS(prompts=NS(builtin=NS(value="chat")), loadgen_image=None))
+    policy = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "generation": 1}}
+    targets = [sm.Target("ns", "a", promoted="d1"), sm.Target("ns", "b", promoted="d1"), sm.Target("ns", "c")]
+    newest = newest_promoted(targets)
+    assert newest.name == "b" and newest_promoted([sm.Target("ns", "a")]) is None
+    fleet = [_pod("b-old", "127.0.1.1"), _pod("b-new-unready", "127.0.1.2", ready=False, promoted="d1"),
+             _pod("b-going", "127.0.1.3", promoted="d1", deleting=True), _pod("b-new", "127.0.1.4", promoted="d1")]
+    jobs = guard_jobs(spec, policy, 1, 16, newest, fleet, [_pod("control-1", "127.0.1.9")])
+    by_role = {j["metadata"]["labels"]["lookahead.dev/drives"]: j for j in jobs}
+    assert set(by_role) == {"promoted", "control"}
+    assert by_role["promoted"]["metadata"]["labels"]["lookahead.dev/pod"] == "b-new"
+    args = by_role["promoted"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:4] == ["--url", "http://127.0.1.4:8000", "--concurrency", "16"]
+    # no ready control: no load at all (a one-sided load would compare nothing)
+    assert guard_jobs(spec, policy, 1, 16, newest, fleet, [_pod("control-1", "127.0.1.9", ready=False)]) == []
