@@ -72,8 +72,10 @@ class OperatorProcess:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator_process(devcluster, crd_installed, pod_harness, tmp_path_factory):
+    """One operator per test module, stopped at its end: a live operator must not reconcile the
+    policies that later (integration) tests write by hand into the same cluster."""
     op = OperatorProcess(devcluster.kubeconfig, tmp_path_factory.mktemp("operator"))
     op.start()
     yield op
