@@ -200,20 +200,30 @@ def _chain_proposal(seq: _Seq, chains: list[list[int]]) -> _Proposal:
     own earlier tokens (a token tree without shared prefixes)."""
     toks = [seq.tokens[-1]]
     rel = [0]
+    cand_idx = _append_chains(toks, rel, chains)
+    mask = np.zeros((len(toks), len(toks)), dtype=bool)
+    mask[:, 0] = True
+    _mask_chains(mask, cand_idx)
+    return _Proposal(toks, rel, mask, cand_idx)
+
+
+def _append_chains(toks: list[int], rel: list[int], chains: list[list[int]]) -> list[list[int]]:
+    """Append candidate chains to a query (tokens and relative positions, in place); return each
+    chain's query indices."""
     cand_idx = []
     for ch in chains:
         idx = list(range(len(toks), len(toks) + len(ch)))
         toks.extend(ch)
         rel.extend(range(1, len(ch) + 1))
         cand_idx.append(idx)
-    q = len(toks)
-    mask = np.zeros((q, q), dtype=bool)
-    mask[:, 0] = True
+    return cand_idx
+
+
+def _mask_chains(mask: np.ndarray, cand_idx: list[list[int]]) -> None:
+    """Each chain attends causally to itself (and, set by the caller, to the pending token)."""
     for idx in cand_idx:
         a, b = idx[0], idx[-1] + 1
         mask[a:b, a:b] = np.tril(np.ones((b - a, b - a), dtype=bool))
-    mask[0, 0] = True
-    return _Proposal(toks, rel, mask, cand_idx)
 
 
 def _prompt_lookup(seq: _Seq, k: int, nmin: int, nmax: int) -> list[int]:
@@ -625,20 +635,13 @@ class JacobiLookaheadDecoder(_BaseDecoder):
         n_la = len(la)
         toks = [pending] + la
         rel = [0] + [1 + l + j for l in range(fill) for j in range(W)]
-        cand_idx = []
-        for ch in chains:
-            idx = list(range(len(toks), len(toks) + len(ch)))
-            toks.extend(ch)
-            rel.extend(range(1, len(ch) + 1))
-            cand_idx.append(idx)
+        cand_idx = _append_chains(toks, rel, chains)
         q = len(toks)
         mask = np.zeros((q, q), dtype=bool)
         mask[:, 0] = True
         if n_la:
             mask[1 : 1 + n_la, 1 : 1 + n_la] = self._lookahead_mask(fill)
-        for idx in cand_idx:
-            a, b = idx[0], idx[-1] + 1
-            mask[a:b, a:b] = np.tril(np.ones((b - a, b - a), dtype=bool))
+        _mask_chains(mask, cand_idx)
         if n_la == 0:
             return _Proposal(toks, rel, mask, cand_idx, extra=None)
         # predictions used: the pending token, the last filled level, the candidates
