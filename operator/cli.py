@@ -3,7 +3,9 @@
 Verbs are argparse subcommands; each sets ``func(args) -> int``. ``analyze`` is the embedded main
 job (``lookahead_operator.analyze``); ``approve``, ``abort``, ``pause``, ``resume``, ``status`` and
 ``report POLICY`` act on LookaheadPolicy objects through the Kubernetes API
-(``lookahead_operator.plugin``).
+(``lookahead_operator.plugin``): each of their failures is one line on stderr and an exit status
+(``lookahead_operator.plugin.EXIT_CODES``: 1 not found, 2 bad input, 3 cannot use the cluster,
+4 not allowed), and they take ``--kubeconfig``, ``--context`` and ``--request-timeout``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ from typing import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import plugin
+
     parser = argparse.ArgumentParser(
         prog="kubectl-lookahead",
-        description="Measure whether lookahead decoding pays on your model, prompts, hardware and batch sizes.")
+        description="Measure whether lookahead decoding pays on your model, prompts, hardware and batch sizes.",
+        epilog="approve|abort|pause|resume|status|report POLICY [-n NS] [--kubeconfig PATH] [--context NAME]:\n"
+               "every failure is one line on stderr; " + plugin.EXIT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
@@ -33,8 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=analyze.main)
 
     # approve, abort, pause, resume, status, report POLICY: through the Kubernetes API
-    from . import plugin
-
     plugin.add_subcommands(sub)
     return parser
 
