@@ -94,6 +94,8 @@ echo "$K8S_VERSION $ETCD_VERSION $HELM_VERSION" >"$root/versions"
 end=$(date +%s)
 echo "control plane: built in $((end - start)) s -> $bin"
 "$bin/kube-apiserver" --version
-"$bin/kubectl" version --client | head -1
-"$bin/etcd" --version | head -1
+# sed -n 1p reads everything: head -1 closes the pipe early, and the writer's SIGPIPE fails the
+# script (exit 141 under pipefail) after a whole successful build.
+"$bin/kubectl" version --client | sed -n 1p
+"$bin/etcd" --version | sed -n 1p
 "$bin/helm" version --short
