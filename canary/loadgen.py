@@ -50,6 +50,8 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import httpx
 
+from . import units
+
 BUILTIN_PROMPT_SETS = ("chat", "code", "summarize")
 
 # Thresholds for "the client is the bottleneck".
@@ -615,22 +617,16 @@ def run_sweep(url: str, concurrencies: Iterable[int], prompts: Sequence[Prompt] 
 # command line
 
 
+class BadArgument(argparse.ArgumentTypeError, ValueError):
+    """A command-line value that does not parse (argparse prints its message)."""
+
+
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``2m``, ``1m30s``, ``500ms`` -> seconds."""
-    text = str(text).strip()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    total = 0.0
-    pos = 0
-    for m in re.finditer(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text):
-        if m.start() != pos:
-            raise ValueError(f"bad duration {text!r}")
-        n = float(m.group(1))
-        total += n * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or pos == 0:
-        raise ValueError(f"bad duration {text!r}")
-    return total
+    """``90``, ``90s``, ``2m``, ``1m30s``, ``500ms`` -> seconds (``lookahead_canary.units``)."""
+    try:
+        return units.parse_duration(text)
+    except ValueError as exc:
+        raise BadArgument(str(exc)) from None
 
 
 def parse_concurrencies(text: str) -> list[int]:

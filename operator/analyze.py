@@ -22,6 +22,7 @@ so the client-side numbers can be checked against what the engine recorded.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -41,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from lookahead_canary import loadgen
+from lookahead_canary import loadgen, units
 from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 
 from . import engines
@@ -658,10 +659,16 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
 # command line (wired into lookahead_operator.cli as `analyze`)
 
 
-def _fraction(text: str) -> float:
-    from .statistics import parse_fraction
+BadArgument = loadgen.BadArgument
 
-    return parse_fraction(text)
+
+def _fraction(text: str) -> float:
+    from lookahead_canary.units import parse_fraction
+
+    try:
+        return parse_fraction(text)
+    except ValueError as exc:
+        raise BadArgument(str(exc)) from None
 
 
 def add_arguments(p) -> None:
@@ -689,15 +696,15 @@ def add_arguments(p) -> None:
     p.add_argument("--requests-per-worker", type=int, default=2,
                    help="per round and role, requests each of the C closed-loop workers sends at most "
                         "(default 2: both roles get the same number of samples a round; 0 = no cap)")
-    p.add_argument("--round", dest="round_s", type=loadgen.parse_duration, default=30.0,
+    p.add_argument("--round", dest="round_s", type=units.parse_duration, default=30.0,
                    help="per round and role, stop issuing requests after this long, then drain (default 30s)")
     p.add_argument("--max-rounds", type=int, default=12, help="rounds per batch size at most")
-    p.add_argument("--time-limit", type=loadgen.parse_duration, default=DEFAULT_TIME_LIMIT_S,
+    p.add_argument("--time-limit", type=units.parse_duration, default=DEFAULT_TIME_LIMIT_S,
                    help=f"the whole run, engine start included (default {DEFAULT_TIME_LIMIT_S:.0f}s); the "
                         "batch sizes share what is left after the engines are up")
-    p.add_argument("--budget", type=loadgen.parse_duration, default=None,
+    p.add_argument("--budget", type=units.parse_duration, default=None,
                    help="cap on the measurement time for all batch sizes (default: what --time-limit leaves)")
-    p.add_argument("--interval", type=loadgen.parse_duration, default=DEFAULT_INTERVAL_S,
+    p.add_argument("--interval", type=units.parse_duration, default=DEFAULT_INTERVAL_S,
                    help="throughput sample interval (default 2s)")
     p.add_argument("--min-latency-improvement", type=_fraction, default=0.05, help="e.g. 5%% (default)")
     p.add_argument("--max-throughput-regression", type=_fraction, default=0.02, help="e.g. 2%% (default)")

@@ -23,6 +23,9 @@ LABEL_STEP = f"{GROUP}/step"
 LABEL_GENERATION = f"{GROUP}/generation"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_POD = f"{GROUP}/pod"  # on a guard load Job: the promoted pod it drives
+LABEL_RUN = f"{GROUP}/run"  # on a load Job: status.progress.loadRun when it was started
+LABEL_DRIVES = f"{GROUP}/drives"  # on a load Job: the role it drives (canary, control, promoted)
+PROMPTS_MOUNT = "/etc/lookahead/prompts"
 MANAGED_BY = "lookahead-operator"
 # On a user's Deployment: which policy owns it, and the pod template as it was before we touched it.
 ANNOTATION_OWNER = f"{GROUP}/owned-by"
@@ -158,23 +161,56 @@ def container_port(container: dict, default: int = 8000) -> int:
     return int(ports[0]["containerPort"]) if ports else default
 
 
-def build_load_job(policy: dict, namespace: str, role: str, step: int | str, batch_size: int, url: str,
-                   duration_s: float, image: str, prompts: str, model: str | None = None,
+def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run: int, batch_size: int, url: str,
+                   duration_s: float, image: str, prompts, model: str | None = None,
                    extra_labels: dict[str, str] | None = None) -> dict:
-    """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role."""
+    """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role.
+
+    ``prompts`` is the policy's ``load.prompts`` (a ``models.PromptSource``): a bundled set by name,
+    or the team's own JSON-lines prompts mounted from their ConfigMap (in ``namespace``). The name
+    carries ``run`` (``status.progress.loadRun``), never the policy's generation, so a restarted
+    step gets a fresh Job and pausing (which bumps the generation) duplicates nothing.
+    """
     policy_name = policy["metadata"]["name"]
-    generation = int(policy["metadata"].get("generation", 1))
-    labels = {**policy_labels(policy), LABEL_ROLE: "loadgen", LABEL_STEP: str(step),
-              LABEL_GENERATION: str(generation), LABEL_MANAGED_BY: MANAGED_BY,
-              f"{GROUP}/drives": role, **(extra_labels or {})}
+    labels = {**policy_labels(policy), LABEL_ROLE: "loadgen", LABEL_STEP: str(step), LABEL_RUN: str(run),
+              LABEL_MANAGED_BY: MANAGED_BY, LABEL_DRIVES: role, **(extra_labels or {})}
+    volumes, mounts = [], []
+    ref = getattr(prompts, "config_map_ref", None)
+    if ref is not None:
+        prompts_arg = f"{PROMPTS_MOUNT}/{ref.key}"
+        volumes.append({"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}})
+        mounts.append({"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True})
+    else:
+        builtin = getattr(prompts, "builtin", None) or prompts or "chat"
+        prompts_arg = str(getattr(builtin, "value", builtin))
     args = ["--url", url, "--concurrency", str(batch_size), "--step-duration", f"{int(duration_s)}s",
-            "--prompts", prompts, "--json"]
+            "--prompts", prompts_arg, "--json"]
     if model:
         args += ["--model", model]
-    meta = {"name": dns_name("lap", policy_name, f"g{generation}", f"s{step}", role),
+    meta = {"name": dns_name("lap", policy_name, f"r{run}", f"s{step}", role),
             "namespace": namespace, "labels": labels}
     if policy["metadata"].get("namespace") == namespace:
         meta["ownerReferences"] = [owner_reference(policy)]
+    container = {
+        "name": "loadgen",
+        "image": image,
+        "command": ["python3", "-m", "lookahead_canary.loadgen"],
+        "args": args,
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                      "limits": {"memory": "512Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_spec = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
+    if volumes:
+        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -183,24 +219,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, bat
             "backoffLimit": 1,
             "ttlSecondsAfterFinished": 3600,
             "activeDeadlineSeconds": int(duration_s * 3 + 120),
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{
-                        "name": "loadgen",
-                        "image": image,
-                        "command": ["python3", "-m", "lookahead_canary.loadgen"],
-                        "args": args,
-                        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
-                                      "limits": {"memory": "512Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}},
-                    }],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
 

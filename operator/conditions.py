@@ -1,46 +1,74 @@
-"""Status conditions in the Kubernetes API convention, as pure functions over plain dicts."""
+"""Status conditions, derived in one place from the phase and what one reconcile pass found.
+
+The state machine records *facts* (``Fact``: a condition type's status, reason and message) as it
+goes; :func:`derive` turns the previous conditions, the facts and the new phase into the next
+list. Rules, all here:
+
+* a fact sets its condition; ``lastTransitionTime`` moves only when the status changes (API
+  conventions), reason, message and observedGeneration always follow;
+* ``Ready`` is derived from the phase alone: True in Succeeded, False otherwise;
+* conditions that only mean something in some phases (``SCOPE``) are dropped outside them, so a
+  rolled-back policy never shows ``WaveReady=True``;
+* every type is a ``models.ConditionType``: nothing else can be written.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
+
+from .models import Condition, ConditionStatus, ConditionType, Phase
+
+__all__ = ["Fact", "derive", "get", "SCOPE"]
+
+_WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})
+
+#: Condition types that are dropped outside these phases.
+SCOPE: dict[ConditionType, frozenset[Phase]] = {
+    ConditionType.RolesReady: _WITH_ROLES,
+    ConditionType.WaveReady: frozenset({Phase.Promoting}),
+    ConditionType.GuardData: frozenset({Phase.Promoting, Phase.Guarding}),
+    ConditionType.MetricsAvailable: frozenset({Phase.Preflight, Phase.Measuring, Phase.Promoting, Phase.Guarding}),
+}
 
 
-def now_rfc3339(now: datetime | None = None) -> str:
-    return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+@dataclass(frozen=True)
+class Fact:
+    status: bool
+    reason: str
+    message: str
+
+    @property
+    def condition_status(self) -> ConditionStatus:
+        return ConditionStatus.true if self.status else ConditionStatus.false
 
 
-def set_condition(conditions: list[dict] | None, type_: str, status: bool | str, reason: str, message: str,
-                  generation: int | None, now: datetime | None = None) -> list[dict]:
-    """Return a new list with condition ``type_`` set.
+def _set(conds: list[Condition], type_: ConditionType, fact: Fact, generation: int, now: datetime) -> None:
+    for i, c in enumerate(conds):
+        if c.type == type_:
+            changed = c.status != fact.condition_status
+            conds[i] = Condition(type=type_, status=fact.condition_status, reason=fact.reason, message=fact.message,
+                                 last_transition_time=now if changed else c.last_transition_time,
+                                 observed_generation=generation)
+            return
+    conds.append(Condition(type=type_, status=fact.condition_status, reason=fact.reason, message=fact.message,
+                           last_transition_time=now, observed_generation=generation))
 
-    ``lastTransitionTime`` moves only when the status changes, as the API conventions require;
-    reason, message and observedGeneration are always updated.
-    """
-    status_str = status if isinstance(status, str) else ("True" if status else "False")
-    out: list[dict] = []
-    found = False
-    for cond in conditions or []:
-        if cond.get("type") != type_:
-            out.append(dict(cond))
+
+def derive(previous: list[Condition] | None, facts: dict[ConditionType, Fact], phase: Phase, phase_message: str,
+           generation: int, now: datetime) -> list[Condition]:
+    """The next conditions (see the module docstring for the rules)."""
+    known = set(ConditionType)
+    conds = [c for c in previous or [] if c.type in known and (c.type not in SCOPE or phase in SCOPE[c.type])]
+    for type_, fact in facts.items():
+        if type_ in SCOPE and phase not in SCOPE[type_]:
             continue
-        found = True
-        changed = cond.get("status") != status_str
-        out.append({
-            "type": type_,
-            "status": status_str,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now_rfc3339(now) if changed else cond.get("lastTransitionTime", now_rfc3339(now)),
-            "observedGeneration": generation,
-        })
-    if not found:
-        out.append({"type": type_, "status": status_str, "reason": reason, "message": message,
-                    "lastTransitionTime": now_rfc3339(now), "observedGeneration": generation})
-    return out
+        _set(conds, type_, fact, generation, now)
+    ready = Fact(phase == Phase.Succeeded, str(phase), phase_message or str(phase))
+    _set(conds, ConditionType.Ready, ready, generation, now)
+    order = {t: i for i, t in enumerate(ConditionType)}
+    return sorted(conds, key=lambda c: order[ConditionType(c.type)])
 
 
-def get_condition(conditions: list[dict] | None, type_: str) -> dict | None:
-    for cond in conditions or []:
-        if cond.get("type") == type_:
-            return cond
-    return None
+def get(conditions: list[Condition] | None, type_: ConditionType) -> Condition | None:
+    return next((c for c in conditions or [] if c.type == type_), None)

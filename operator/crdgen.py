@@ -164,6 +164,7 @@ def crd() -> dict:
             "spec": spec_schema,
             "status": status_schema,
         },
+        "x-kubernetes-validations": list(models.ROOT_VALIDATIONS),
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

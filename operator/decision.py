@@ -79,28 +79,29 @@ class BatchVerdict:
         return self.outcome(thresholds) is not BatchOutcome.PENDING
 
     def to_status(self, thresholds: Thresholds) -> dict[str, Any]:
-        """One row of the policy's `status.batches` (assumes latency samples in seconds)."""
+        """One row of the policy's `status.batches` (assumes latency samples in seconds).
+
+        Numbers are stored at full precision: the decision is rebuilt from these rows after a
+        restart (``measure.verdict_from_row``) and must come out the same as the live one. Round
+        only for display."""
         lat, tp = self.latency, self.throughput
 
         def ms(x: float | None) -> float | None:
-            return None if x is None else round(x * 1e3, 3)
-
-        def rnd(x: float | None, d: int = 4) -> float | None:
-            return None if x is None else round(x, d)
+            return None if x is None else x * 1e3
 
         return {
             "batchSize": self.batch_size,
             "controlTpotMs": ms(lat.control_mean),
             "canaryTpotMs": ms(lat.canary_mean),
-            "tpotChange": rnd(lat.estimate),
-            "tpotInterval": [rnd(v) for v in lat.interval] if lat.interval else None,
-            "controlTokensPerSecond": rnd(tp.control_mean, 2),
-            "canaryTokensPerSecond": rnd(tp.canary_mean, 2),
-            "throughputChange": rnd(tp.estimate),
-            "throughputInterval": [rnd(v) for v in tp.interval] if tp.interval else None,
+            "tpotChange": lat.estimate,
+            "tpotInterval": list(lat.interval) if lat.interval else None,
+            "controlTokensPerSecond": tp.control_mean,
+            "canaryTokensPerSecond": tp.canary_mean,
+            "throughputChange": tp.estimate,
+            "throughputInterval": list(tp.interval) if tp.interval else None,
             "samples": {"control": min(lat.n_control, tp.n_control), "canary": min(lat.n_canary, tp.n_canary)},
             "confidence": lat.confidence,
-            "acceptanceRate": rnd(self.acceptance_rate),
+            "acceptanceRate": self.acceptance_rate,
             "latencyVerdict": lat.verdict.value,
             "throughputVerdict": tp.verdict.value,
             "verdict": self.outcome(thresholds).value,

@@ -2,33 +2,57 @@
 
     kopf run -m lookahead_operator.handlers --all-namespaces --liveness=http://0.0.0.0:8080/healthz
 
-The logic lives in pure modules: ``statemachine.reconcile`` (phases), ``builders`` (objects),
-``measure`` (Prometheus -> statistics -> verdicts, decision, guard). This file reads the cluster
-(``observe``), carries out a plan's actions (``execute``) and patches the status subresource.
+The logic lives in pure modules: ``statemachine.reconcile`` (phases, deadlines, the next status),
+``builders`` (objects), ``measure`` (Prometheus -> statistics -> verdicts, decision, guard). This
+file reads the cluster (``observe``), carries out a plan's actions (``ACTIONS``, one small
+idempotent function each) and writes the whole status back (``write_status``).
+
+Scheduling: one asyncio daemon per policy runs a pass, then sleeps for the plan's
+``requeue_after``, or until the policy's spec or gate annotations change (``wake``). A finished
+policy (``requeue_after`` None) sleeps until it changes: it costs no periodic API request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import kopf
 import kubernetes
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from . import builders as b
-from . import engines, measure, metrics
+from . import conditions, engines, measure, metrics
 from . import statemachine as sm
+from .conditions import Fact
 from .kube import Kube
-from .models import GROUP, PLURAL, VERSION, LookaheadPolicySpec
+from .models import (
+    ANNOTATION_ABORT,
+    ANNOTATION_APPROVE,
+    GROUP,
+    MAX_POLICY_NAME,
+    NAME_TOO_LONG,
+    PLURAL,
+    VERSION,
+    ConditionType,
+    LookaheadPolicySpec,
+    LookaheadPolicyStatus,
+    Phase,
+)
+from .statemachine import ActionKind
 
 log = logging.getLogger("lookahead_operator")
 
-TICK_S = float(os.environ.get("LOOKAHEAD_TICK_SECONDS", "5"))
-ANNOTATION_APPROVE = f"{b.GROUP}/approve"
-ANNOTATION_ABORT = f"{b.GROUP}/abort"
+MAX_PASSES = 4            # passes chained within one wake-up while phases move on at once
+POLL_S = float(os.environ.get("LOOKAHEAD_POLL_SECONDS", "5"))  # statemachine.Observed.poll_s
+ERROR_BACKOFF_S = float(os.environ.get("LOOKAHEAD_ERROR_BACKOFF_SECONDS", "5"))
 _kube: Kube | None = None
+_wakers: dict[str, asyncio.Event] = {}
+_seen: dict[str, tuple] = {}
 
 
 def kube() -> Kube:
@@ -44,12 +68,11 @@ def kube() -> Kube:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
-    settings.persistence.finalizer = f"{b.GROUP}/cleanup"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=b.GROUP)
+    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=b.GROUP, key="last-handled-configuration")
+        prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's would repeat it
-    # A timer fires every tick; Kopf would log each success at INFO.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
     settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "32"))
@@ -64,224 +87,382 @@ def probe(**_) -> float:
     return metrics.RECONCILES._value.get()
 
 
-def _parse_spec(spec: dict) -> tuple[LookaheadPolicySpec | None, str | None]:
+# --- scheduling -----------------------------------------------------------------------------------
+
+def _signature(meta) -> tuple:
+    ann = meta.get("annotations") or {}
+    return (meta.get("generation"), ann.get(ANNOTATION_APPROVE), ann.get(ANNOTATION_ABORT))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def wake(meta, **_) -> None:
+    """A change of the spec or of a gate annotation wakes the policy's daemon at once (status
+    writes, ours included, do not)."""
+    uid = meta.get("uid")
+    sig = _signature(meta)
+    if _seen.get(uid) != sig:
+        _seen[uid] = sig
+        if uid in _wakers:
+            _wakers[uid].set()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30.0)
+async def run(stopped, meta, **_) -> None:
+    uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
+    wake_event = _wakers.setdefault(uid, asyncio.Event())
     try:
-        return LookaheadPolicySpec.model_validate(dict(spec)), None
+        while not stopped:
+            wake_event.clear()
+            try:
+                requeue = await asyncio.to_thread(reconcile_once, namespace, name)
+            except Exception:  # noqa: BLE001 - the API or a bug: log, back off, try again
+                log.exception("reconcile of %s/%s failed; retrying in %ss", namespace, name, ERROR_BACKOFF_S)
+                requeue = ERROR_BACKOFF_S
+            if stopped:
+                break
+            waiters = [asyncio.ensure_future(wake_event.wait()), asyncio.ensure_future(stopped.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=requeue, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+    finally:
+        _wakers.pop(uid, None)
+        _seen.pop(uid, None)
+
+
+# --- one reconcile --------------------------------------------------------------------------------
+
+def parse_spec(body: dict) -> tuple[LookaheadPolicySpec | None, str | None]:
+    """The spec, parsed once, or why it cannot be acted on (naming the field)."""
+    if len(body["metadata"]["name"]) > MAX_POLICY_NAME:
+        return None, NAME_TOO_LONG
+    try:
+        return LookaheadPolicySpec.model_validate(dict(body.get("spec") or {})), None
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = "spec." + ".".join(str(p) for p in first["loc"])
-        return None, f"{where}: {first['msg']}"
+        where = ".".join(str(p) for p in first["loc"])
+        return None, f"spec{'.' + where if where else ''}: {first['msg']}"
 
 
-def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, now: datetime) -> sm.Observed:
+def parse_status(body: dict) -> LookaheadPolicyStatus:
+    try:
+        return LookaheadPolicyStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        log.warning("status of %s/%s does not parse; starting from Pending", body["metadata"].get("namespace"),
+                    body["metadata"].get("name"))
+        return LookaheadPolicyStatus()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def reconcile_once(namespace: str, name: str) -> float | None:
+    """Passes over one policy until its phase settles. Returns seconds until the next pass, or
+    None to wait for a change."""
+    k = kube()
+    metrics.RECONCILES.inc()
+    body = k.get_policy(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    spec, error = parse_spec(body)
+    status = parse_status(body)
+    requeue: float | None = None
+    for _ in range(MAX_PASSES):
+        now = _now()
+        world = observe(body, spec, error, status, now)
+        plan = sm.reconcile(world)
+        ctx = Ctx(k, body, spec, world)
+        try:
+            for action in plan.actions:
+                ACTIONS[action.kind](ctx, action)
+        except (ApiException, engines.EngineError, ValueError, OSError) as exc:
+            metrics.RECONCILE_ERRORS.labels(status.phase).inc()
+            why = f"{action.kind} failed: {_api_message(exc)}"
+            log.warning("%s/%s: %s", namespace, name, why)
+            status = _with_fact(status, ConditionType.Reconciled, Fact(False, "ActionFailed", why), world)
+            write_status(k, body, status)
+            return ERROR_BACKOFF_S
+        new = _with_fact(plan.status, ConditionType.Reconciled, Fact(True, "Done", "the last pass's actions were "
+                                                                      "carried out"), world)
+        for type_, reason, message in plan.events:
+            _event(k, body, type_, reason, message)
+        if new.phase != status.phase:
+            _record_transition(status, new, now)
+        try:
+            body = write_status(k, body, new)
+        except ApiException as exc:
+            if exc.status == 409:  # the policy changed under us: read it again and re-plan
+                return 0.0
+            raise
+        moved = new.phase != status.phase
+        status = new
+        requeue = plan.requeue_after
+        if not moved or requeue is None or requeue > 1.0:
+            break
+    metrics.record_phase(f"{namespace}/{name}", status.phase)
+    return requeue
+
+
+def _with_fact(status: LookaheadPolicyStatus, type_: ConditionType, fact: Fact, world: sm.Observed):
+    out = status.model_copy(deep=True)
+    out.conditions = conditions.derive(status.conditions, {type_: fact}, status.phase, status.message or "",
+                                       world.generation, world.now)
+    return out
+
+
+def _api_message(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def write_status(k: Kube, body: dict, status: LookaheadPolicyStatus) -> dict:
+    """Replace the status whole when it changed (optimistic concurrency on resourceVersion)."""
+    new = status.to_dict()
+    if new == (body.get("status") or {}):
+        return body
+    return k.replace_policy_status({**body, "status": new})
+
+
+def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
+            now: datetime) -> sm.Observed:
     meta = body["metadata"]
-    status = dict(body.get("status") or {})
     k = kube()
     world = sm.Observed(now=now, name=meta["name"], namespace=meta["namespace"],
-                        generation=int(meta.get("generation", 1)), spec=spec, status=status, spec_error=spec_error)
+                        generation=int(meta.get("generation", 1)), spec=spec, status=status, spec_error=spec_error,
+                        poll_s=POLL_S)
+    if len(meta["name"]) > MAX_POLICY_NAME:
+        return world  # nothing can have been created: our labels could not hold the name
     if spec is None:
+        world.targets = _known_targets(k, status, None)
         return world
     annotations = meta.get("annotations") or {}
-    approve = annotations.get(ANNOTATION_APPROVE)
-    world.approved_decision = approve or None
+    world.approved_decision = annotations.get(ANNOTATION_APPROVE) or None
     world.fingerprint = spec.fingerprint()
     world.abort_requested = annotations.get(ANNOTATION_ABORT, "").lower() in ("true", "1", "yes")
 
     namespaces = k.target_namespaces(meta["namespace"], _dump(spec.targets.namespace_selector),
                                      spec.targets.namespaces)
-    deployments = k.deployments(namespaces, _dump(spec.targets.selector))
-    world.targets = [measure.target_of(d, spec.engine) for d in deployments]
+    found = [measure.target_of(d, spec.engine) for d in k.deployments(namespaces, _dump(spec.targets.selector))]
+    keys = {t.key for t in found}
+    # Targets we touched that no longer match the selector are still ours to put back.
+    world.targets = found + [t for t in _known_targets(k, status, spec.engine) if t.key not in keys]
     roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
     world.roles_present = {r: r in roles for r in b.ROLES}
     world.roles_ready = {r: measure.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
+    world.support_problems = _support_problems(k, spec, world.targets, status.phase)
 
-    phase = status.get("phase") or sm.PENDING
-    progress = status.get("progress") or {}
-    if progress.get("fingerprint") not in (None, world.fingerprint):
+    if status.progress.fingerprint not in (None, world.fingerprint):
         return world  # the spec changed: the state machine restarts; measure nothing old
-    if phase == sm.PREFLIGHT:
-        world.preflight, world.auto_batch_sizes = measure.preflight(spec, world.targets)
-    elif phase == sm.MEASURING:
-        world.step = measure.step(spec, (meta["namespace"], meta["name"]), status, now)
-    elif phase == sm.DECIDING:
-        world.decision = measure.decision(spec, status, now, world.targets)
-    elif phase in (sm.PROMOTING, sm.GUARDING):
-        world.guard = measure.guard(spec, (meta["namespace"], meta["name"]), status, now,
-                                    k.load_jobs(meta["namespace"], meta["name"]))
+    need = sm.NEEDS.get(status.phase)
+    policy = (meta["namespace"], meta["name"])
+    try:
+        if need is sm.Need.PREFLIGHT:
+            world.preflight = measure.preflight(spec, world.targets)
+        elif need is sm.Need.STEP:
+            world.step = measure.step(spec, policy, status, now)
+        elif need is sm.Need.DECISION:
+            world.decision = measure.decision(spec, status)
+        elif need is sm.Need.GUARD:
+            world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy))
+    except measure.READ_ERRORS as exc:
+        world.read_errors.append(sm.ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
+                                                            f"{type(exc).__name__}: {exc}"[:500]))
     return world
+
+
+def _support_problems(k: Kube, spec: LookaheadPolicySpec, targets: list[sm.Target], phase: Phase) -> list[str]:
+    check = getattr(engines, "support_problems", None)
+    if check is None or phase not in (Phase.Pending, Phase.Preflight) or not targets:
+        return []
+    source = measure.reference_target(targets)
+    d = k.get_deployment(*source.key)
+    if d is None:
+        return []
+    return list(check(d["spec"]["template"], source.engine or "reference", spec.lookahead,
+                      spec.promotion.mode == "regimeAware"))
+
+
+def _known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Target]:
+    out = []
+    for row in status.targets or []:
+        d = k.get_deployment(row.namespace, row.name)
+        if d is not None:
+            out.append(measure.target_of(d, engine or row.engine))
+    return out
 
 
 def _dump(model):
     return model.model_dump(by_alias=True, exclude_none=True) if model is not None else None
 
 
-def execute(body: dict, spec: LookaheadPolicySpec, world: sm.Observed, action: sm.Action) -> None:
-    """Carry out one action. Each is idempotent; an exception stops the rest of the plan, and
-    the next tick re-plans from what is then in the cluster."""
-    k = kube()
-    me = sm.policy_key(world)
-    a = action.args
-    if action.kind == sm.CLAIM:
-        for ns, name in a["targets"]:
-            d = k.get_deployment(ns, name)
-            if d is not None:
-                k.patch_deployment(ns, name, b.claim_patch(d, me))
-    elif action.kind == sm.RELEASE:
-        for ns, name in a["targets"]:
-            d = k.get_deployment(ns, name)
-            ann = (d or {}).get("metadata", {}).get("annotations") or {}
-            # Never drop the saved template of a Deployment that is still promoted.
-            if d is not None and ann.get(b.ANNOTATION_OWNER) == me and not ann.get(b.ANNOTATION_PROMOTED):
-                k.patch_deployment(ns, name, b.release_patch())
-    elif action.kind == sm.ENSURE_ROLES:
-        if all(world.roles_present.get(r) for r in b.ROLES):
-            return
-        source = measure.reference_target(world.targets)
-        d = k.get_deployment(*source.key)
+# --- actions: one small idempotent function each --------------------------------------------------
+
+@dataclass
+class Ctx:
+    k: Kube
+    body: dict                        # the policy object
+    spec: LookaheadPolicySpec | None
+    world: sm.Observed
+
+    @property
+    def me(self) -> str:
+        return self.world.key
+
+
+def _claim(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
+        if d is not None:
+            c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
+
+
+def _release(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
+        ann = (d or {}).get("metadata", {}).get("annotations") or {}
+        # Never drop the saved template of a Deployment that is still promoted.
+        if d is not None and ann.get(b.ANNOTATION_OWNER) == c.me and not ann.get(b.ANNOTATION_PROMOTED):
+            c.k.patch_deployment(ns, name, b.release_patch())
+
+
+def _disown(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
+        if d is not None and (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) == c.me:
+            c.k.patch_deployment(ns, name, {"metadata": {"annotations": {b.ANNOTATION_OWNER: None}}})
+
+
+def _role_transform(spec: LookaheadPolicySpec, role: str, engine: str):
+    if role == "canary":
+        return lambda container: engines.render_lookahead(container, spec.lookahead, None, engine)
+    return lambda container: engines.render_off(container, engine)
+
+
+def _ensure_roles(c: Ctx, a: sm.Action) -> None:
+    w = c.world
+    roles = {r for r, present in w.roles_present.items() if present}
+    if all(r in roles for r in b.ROLES):
+        return
+    source = measure.reference_target(w.targets)
+    d = c.k.get_deployment(*source.key)
+    if d is None:
+        raise ValueError(f"target {source.namespace}/{source.name} disappeared")
+    engine = source.engine or "reference"
+    for role in b.ROLES:
+        if role in roles:
+            continue
+        obj = b.build_role_deployment(d, c.body, role, c.spec.canary.replicas, _role_transform(c.spec, role, engine),
+                                      engines.is_engine_container)
+        if c.k.create_if_absent(obj):
+            _event(c.k, c.body, "Normal", "Launched",
+                   f"created {role} {obj['metadata']['namespace']}/{obj['metadata']['name']}")
+    if c.k.has_pod_monitor_crd():
+        c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace))
+
+
+def _ensure_load(c: Ctx, a: sm.Action) -> None:
+    w = c.world
+    source = measure.reference_target(w.targets)
+    pods = {role: c.k.role_pods(source.namespace, w.namespace, w.name, role) for role in b.ROLES}
+    for job in measure.load_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods):
+        c.k.create_if_absent(job)
+
+
+def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
+    w = c.world
+    newest = measure.newest_promoted(w.targets)
+    d = c.k.get_deployment(*newest.key) if newest else None
+    if d is None:
+        return
+    source = measure.reference_target(w.targets)
+    control = c.k.role_pods(source.namespace, w.namespace, w.name, "control")
+    fleet_pods = c.k.pods(newest.namespace, d["spec"]["selector"])
+    for job in measure.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, fleet_pods, control):
+        c.k.create_if_absent(job)
+
+
+def _delete_load(c: Ctx, a: sm.Action) -> None:
+    c.k.delete_load_jobs(c.world.namespace, c.world.name)
+
+
+def _delete_roles(c: Ctx, a: sm.Action) -> None:
+    c.k.delete_role_deployments(c.world.namespace, c.world.name)
+
+
+def _promote(c: Ctx, a: sm.Action) -> None:
+    regime = measure.promotion_regime(c.world.status)
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
         if d is None:
-            raise kopf.TemporaryError(f"target {source.namespace}/{source.name} disappeared", delay=5)
-        engine = source.engine or "reference"
-        for role in b.ROLES:
-            if world.roles_present.get(role):
-                continue
-            transform = ((lambda c: engines.render_lookahead(c, spec.lookahead, None, engine)) if role == "canary"
-                         else (lambda c: engines.render_off(c, engine)))
-            obj = b.build_role_deployment(d, body, role, spec.canary.replicas, transform,
-                                          engines.is_engine_container)
-            if k.create_if_absent(obj):
-                kopf.event(body, type="Normal", reason="Launched",
-                           message=f"created {role} {obj['metadata']['namespace']}/{obj['metadata']['name']}")
-        if k.has_pod_monitor_crd():
-            k.create_if_absent(b.build_pod_monitor(body, source.namespace))
-    elif action.kind == sm.ENSURE_LOAD:
-        source = measure.reference_target(world.targets)
-        pods = {role: k.role_pods(source.namespace, world.namespace, world.name, role) for role in b.ROLES}
-        for job in measure.load_jobs(spec, body, source.namespace, a["step"], a["batch_size"], pods):
-            k.create_if_absent(job)
-    elif action.kind == sm.ENSURE_GUARD_LOAD:
-        newest = measure.newest_promoted(world.targets)
-        d = k.get_deployment(*newest.key) if newest else None
-        if d is None:
-            return
-        source = measure.reference_target(world.targets)
-        control = k.role_pods(source.namespace, world.namespace, world.name, "control")
-        fleet_pods = k.pods(newest.namespace, d["spec"]["selector"])
-        for job in measure.guard_jobs(spec, body, a["wave"], a["batch_size"], newest, fleet_pods, control):
-            k.create_if_absent(job)
-    elif action.kind == sm.DELETE_LOAD:
-        k.delete_load_jobs(world.namespace, world.name, a.get("step"))
-    elif action.kind == sm.DELETE_ROLES:
-        k.delete_role_deployments(world.namespace, world.name)
-    elif action.kind == sm.PATCH:
-        regime = measure.promotion_regime(world.status)
-        for ns, name in a["targets"]:
-            d = k.get_deployment(ns, name)
-            if d is None:
-                continue
-            if b.original_template(d) is None:  # claimed before, but be safe: save first
-                k.patch_deployment(ns, name, b.claim_patch(d, me))
-                d = k.get_deployment(ns, name)
-            engine = measure.target_of(d, spec.engine).engine or "reference"
-            patch = b.promote_patch(d, lambda c: engines.render_lookahead(c, spec.lookahead, regime, engine),
-                                    engines.is_engine_container, a["decision_id"])
-            k.patch_deployment(ns, name, patch)
-            kopf.event(body, type="Normal", reason="Promoted", message=f"lookahead on in {ns}/{name}")
-    elif action.kind == sm.RESTORE:
-        for ns, name in a["targets"]:
-            d = k.get_deployment(ns, name)
-            if d is not None and b.original_template(d) is not None:
-                k.replace_deployment(b.restore_body(d))
-                kopf.event(body, type="Warning", reason="Restored",
-                           message=f"{ns}/{name} restored to its saved pod template")
-    else:
-        raise ValueError(f"unknown action {action.kind}")
+            continue
+        if b.original_template(d) is None:  # claimed before, but be safe: save first
+            c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
+            d = c.k.get_deployment(ns, name)
+        engine = measure.target_of(d, c.spec.engine).engine or "reference"
+        patch = b.promote_patch(d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
+                                engines.is_engine_container, a.decision_id)
+        c.k.patch_deployment(ns, name, patch)
+        _event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_S, sharp=False, id="reconcile")
-def reconcile(body, spec, meta, patch: kopf.Patch, **_) -> None:
-    """One tick. When a pass moves the policy to a phase that has work to do at once (its plan asks
-    to look again within a second), run the next pass now rather than a tick later; the status is
-    carried forward in memory and patched once at the end."""
-    metrics.RECONCILES.inc()
-    model, error = _parse_spec(spec)
-    body = dict(body)
-    original = dict(body.get("status") or {})
-    status = original
-    for _ in range(MAX_PASSES_PER_TICK):
-        now = datetime.now(timezone.utc)
-        phase_before = status.get("phase") or sm.PENDING
-        try:
-            world = observe({**body, "status": status}, model, error, now)
-            plan = sm.reconcile(world)
-            for action in plan.actions:
-                execute(body, model, world, action)
-        except Exception:
-            metrics.RECONCILE_ERRORS.labels(phase_before).inc()
-            _write_status(patch, original, status)
-            raise
-        for type_, reason, message in plan.events:
-            kopf.event(body, type=type_, reason=reason, message=message)
-        phase_after = plan.status.get("phase") or sm.PENDING
-        if phase_after != phase_before:
-            _record_transition(status, plan.status, phase_before, phase_after, now)
-        status = plan.status
-        if phase_after == phase_before or plan.requeue_after > 1.0:
-            break
-    metrics.record_phase(f"{meta['namespace']}/{meta['name']}", status.get("phase") or sm.PENDING)
-    _write_status(patch, original, status)
+def _restore(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
+        if d is not None and b.original_template(d) is not None:
+            c.k.replace_deployment(b.restore_body(d))
+            _event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
 
 
-MAX_PASSES_PER_TICK = 4
+ACTIONS = {
+    ActionKind.CLAIM: _claim,
+    ActionKind.RELEASE: _release,
+    ActionKind.DISOWN: _disown,
+    ActionKind.ENSURE_ROLES: _ensure_roles,
+    ActionKind.DELETE_ROLES: _delete_roles,
+    ActionKind.ENSURE_LOAD: _ensure_load,
+    ActionKind.ENSURE_GUARD_LOAD: _ensure_guard_load,
+    ActionKind.DELETE_LOAD: _delete_load,
+    ActionKind.PROMOTE: _promote,
+    ActionKind.RESTORE: _restore,
+}
+assert set(ACTIONS) == set(ActionKind)
 
 
-def _record_transition(old: dict, new: dict, before: str, after: str, now: datetime) -> None:
-    metrics.TIME_IN_PHASE.labels(before).observe(measure.seconds_since((old.get("progress") or {}).get("phaseSince"), now))
-    if after == sm.ROLLED_BACK:
-        metrics.ROLLBACKS.labels((new.get("rollback") or {}).get("reason", "Decision")).inc()
-    if new.get("decision") and before == sm.DECIDING:
-        metrics.DECISIONS.labels(new["decision"]["action"]).inc()
+def _event(k: Kube, body: dict, type_: str, reason: str, message: str) -> None:
+    try:
+        k.event(body, type_, reason, message)
+    except ApiException as exc:  # an event is worth a log line, never a failed pass
+        log.warning("could not post event %s: %s", reason, _api_message(exc))
 
 
-def _write_status(patch: kopf.Patch, original: dict, status: dict) -> None:
-    """Patch the keys that changed. Nulls inside values are dropped first: the apiserver does not
-    store them, so keeping them would make every tick look like a change."""
-    for key, value in status.items():
-        value = _drop_none(value) if value is not None else None
-        if original.get(key) != value:
-            patch.status[key] = value
+def _record_transition(old: LookaheadPolicyStatus, new: LookaheadPolicyStatus, now: datetime) -> None:
+    since = old.progress.phase_since
+    metrics.TIME_IN_PHASE.labels(old.phase).observe(max(0.0, (now - since).total_seconds()) if since else 0.0)
+    if new.phase == Phase.RolledBack:
+        metrics.ROLLBACKS.labels(new.rollback.reason if new.rollback else "Decision").inc()
+    if new.decision is not None and old.phase == Phase.Deciding:
+        metrics.DECISIONS.labels(str(new.decision.action)).inc()
 
 
-def _drop_none(value):
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_drop_none(v) for v in value]
-    return value
-
+# --- deletion -------------------------------------------------------------------------------------
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="cleanup")
 def cleanup(body, meta, **_) -> None:
-    """Deleting a policy removes its canary, control and load Jobs. The fleet is left as the policy
-    left it, except mid-rollout (Promoting or Guarding, not yet Succeeded): then promoted
-    Deployments are restored to their saved templates, since no guard will watch them any more."""
-    k = kube()
+    """Deleting a policy carries out ``statemachine.deletion_plan``."""
     name, namespace = meta["name"], meta["namespace"]
-    me = f"{namespace}/{name}"
-    phase = (body.get("status") or {}).get("phase")
-    k.delete_load_jobs(namespace, name)
-    k.delete_role_deployments(namespace, name)
-    for t in (body.get("status") or {}).get("targets") or []:
-        d = k.get_deployment(t["namespace"], t["name"])
-        if d is None:
-            continue
-        ann = d["metadata"].get("annotations") or {}
-        if ann.get(b.ANNOTATION_OWNER) != me:
-            continue
-        if ann.get(b.ANNOTATION_PROMOTED) and phase in (sm.PROMOTING, sm.GUARDING):
-            k.replace_deployment(b.restore_body(d))
-        elif ann.get(b.ANNOTATION_PROMOTED):
-            # Succeeded: lookahead stays on; keep the saved template so it can still be put back by hand.
-            k.patch_deployment(t["namespace"], t["name"], {"metadata": {"annotations": {b.ANNOTATION_OWNER: None}}})
-        else:
-            k.patch_deployment(t["namespace"], t["name"], b.release_patch())
-    metrics.record_phase(me, None)
+    if len(name) > MAX_POLICY_NAME:
+        return  # refused at every pass: nothing was created or claimed
+    k = kube()
+    body = dict(body)
+    status = parse_status(body)
+    spec, _ = parse_spec(body)
+    world = sm.Observed(now=_now(), name=name, namespace=namespace, generation=int(meta.get("generation", 1)),
+                        spec=spec, status=status)
+    world.targets = _known_targets(k, status, spec.engine if spec else None)
+    ctx = Ctx(k, body, spec, world)
+    for action in sm.deletion_plan(status, world.targets, world.key):
+        ACTIONS[action.kind](ctx, action)
+    metrics.record_phase(world.key, None)

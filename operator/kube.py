@@ -17,9 +17,14 @@ from . import builders as b
 
 log = logging.getLogger("lookahead_operator.kube")
 USER_AGENT = "lookahead-operator/0.1"
+# Every request is bounded: (connect, read) seconds. Nothing outside the process is assumed to answer.
+TIMEOUT = (5, 30)
+POLICY_API = ("lookahead.dev", "v1alpha1")
+POLICY_PLURAL = "lookaheadpolicies"
 
 
 def _ignore(status: int, fn: Callable, *args, **kwargs):
+    kwargs.setdefault("_request_timeout", TIMEOUT)
     try:
         return fn(*args, **kwargs)
     except ApiException as exc:
@@ -66,7 +71,7 @@ class Kube:
         if namespaces:
             return sorted(namespaces)
         if namespace_selector:
-            items = self.core.list_namespace(label_selector=selector_string(namespace_selector)).items
+            items = self.core.list_namespace(label_selector=selector_string(namespace_selector), _request_timeout=TIMEOUT).items
             return sorted(ns.metadata.name for ns in items)
         return [policy_namespace]
 
@@ -74,7 +79,7 @@ class Kube:
         sel = selector_string(selector)
         out: list[dict] = []
         for ns in namespaces:
-            for d in self.apps.list_namespaced_deployment(ns, label_selector=sel).items:
+            for d in self.apps.list_namespaced_deployment(ns, label_selector=sel, _request_timeout=TIMEOUT).items:
                 body = self._sanitize(d)
                 labels = body["metadata"].get("labels") or {}
                 if labels.get(b.LABEL_MANAGED_BY) == b.MANAGED_BY:
@@ -92,39 +97,49 @@ class Kube:
 
     def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_MANAGED_BY}={b.MANAGED_BY}"
-        items = self.apps.list_deployment_for_all_namespaces(label_selector=sel).items
+        items = self.apps.list_deployment_for_all_namespaces(label_selector=sel, _request_timeout=TIMEOUT).items
         return [self._sanitize(d) for d in items if (d.metadata.labels or {}).get(b.LABEL_ROLE) in b.ROLES]
 
     def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}={role}"
-        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
+        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel, _request_timeout=TIMEOUT).items]
 
     def pods(self, namespace: str, selector: dict | None) -> list[dict]:
         sel = selector_string(selector)
-        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel).items]
+        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel, _request_timeout=TIMEOUT).items]
 
     def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}=loadgen"
-        return [self._sanitize(j) for j in self.batch.list_job_for_all_namespaces(label_selector=sel).items]
+        return [self._sanitize(j) for j in self.batch.list_job_for_all_namespaces(label_selector=sel, _request_timeout=TIMEOUT).items]
+
+    def get_policy(self, namespace: str, name: str) -> dict | None:
+        return _ignore(404, self.custom.get_namespaced_custom_object, *POLICY_API, namespace, POLICY_PLURAL, name)
 
     # --- writes ------------------------------------------------------------------------------------
+    def replace_policy_status(self, body: dict) -> dict:
+        """Write the status subresource by replacement, with the body's resourceVersion: keys absent
+        from the new status disappear, and a concurrent change answers 409 instead of being lost."""
+        meta = body["metadata"]
+        return self.custom.replace_namespaced_custom_object_status(
+            *POLICY_API, meta["namespace"], POLICY_PLURAL, meta["name"], body, _request_timeout=TIMEOUT)
+
     def patch_deployment(self, namespace: str, name: str, patch: dict) -> None:
-        self.apps.patch_namespaced_deployment(name, namespace, patch)
+        self.apps.patch_namespaced_deployment(name, namespace, patch, _request_timeout=TIMEOUT)
 
     def replace_deployment(self, body: dict) -> None:
         meta = body["metadata"]
-        self.apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body)
+        self.apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body, _request_timeout=TIMEOUT)
 
     def create_if_absent(self, body: dict) -> bool:
         ns = body["metadata"]["namespace"]
         kind = body["kind"]
         try:
             if kind == "Deployment":
-                self.apps.create_namespaced_deployment(ns, body)
+                self.apps.create_namespaced_deployment(ns, body, _request_timeout=TIMEOUT)
             elif kind == "Job":
-                self.batch.create_namespaced_job(ns, body)
+                self.batch.create_namespaced_job(ns, body, _request_timeout=TIMEOUT)
             elif kind == "PodMonitor":
-                self.custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "podmonitors", body)
+                self.custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "podmonitors", body, _request_timeout=TIMEOUT)
             else:
                 raise ValueError(f"cannot create {kind}")
         except ApiException as exc:
@@ -142,11 +157,11 @@ class Kube:
             n += 1
         return n
 
-    def delete_load_jobs(self, policy_ns: str, policy_name: str, step: int | None = None) -> int:
+    def delete_load_jobs(self, policy_ns: str, policy_name: str) -> int:
         n = 0
         for j in self.load_jobs(policy_ns, policy_name):
             meta = j["metadata"]
-            if step is not None and meta["labels"].get(b.LABEL_STEP) != str(step):
+            if meta.get("deletionTimestamp"):
                 continue
             _ignore(404, self.batch.delete_namespaced_job, meta["name"], meta["namespace"],
                     propagation_policy="Background")
@@ -174,7 +189,7 @@ class Kube:
                                                      uid=meta.get("uid")),
             reason=reason, message=message[:1024], type=type_, first_timestamp=now, last_timestamp=now, count=1,
             source=client.V1EventSource(component=component))
-        self.core.create_namespaced_event(meta["namespace"], body)
+        self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=TIMEOUT)
 
 
 def dumps_compact(obj) -> str:

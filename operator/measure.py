@@ -2,7 +2,7 @@
 decisions and guard checks the state machine consumes. Prometheus is read through
 ``observations`` (one implementation of the queries for the operator and ``analyze``).
 
-Samples are disjoint intervals of ``SAMPLE_INTERVAL_S`` seconds (the confidence sequences assume
+Samples are disjoint intervals of ``spec.analysis.sampleInterval`` (the confidence sequences assume
 independent samples; overlapping windows would make intervals too narrow):
 - per-token latency: the per-token-latency histogram's _sum / _count increase in the interval
   (request_time_per_output_token for vLLM, our per-token ITL for the reference engine; never
@@ -21,11 +21,11 @@ from . import builders as b
 from . import engines, observations
 from . import statemachine as sm
 from .decision import Action, BatchVerdict, decide
+from .models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec, LookaheadPolicyStatus,
+                     PreflightStatus)
 from .preflight import preflight as run_preflight
 from .preflight import production_batch_sizes
-from .statistics import SequentialComparison, Thresholds, parse_fraction
-
-SAMPLE_INTERVAL_S = int(os.environ.get("LOOKAHEAD_SAMPLE_INTERVAL_SECONDS", "5"))
+from .statistics import SequentialComparison, Thresholds
 DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
 
 
@@ -39,7 +39,8 @@ def target_of(deployment: dict, spec_engine: Any) -> sm.Target:
         engine = engines.detect_engine(deployment["spec"]["template"])
     return sm.Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
                      owner=ann.get(b.ANNOTATION_OWNER), saved=bool(ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE)),
-                     promoted=ann.get(b.ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment))
+                     promoted=ann.get(b.ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
+                     rollout_failed=rollout_failed(deployment))
 
 
 def deployment_ready(d: dict) -> bool:
@@ -52,39 +53,44 @@ def deployment_ready(d: dict) -> bool:
             and int(status.get("replicas") or 0) == want)
 
 
+def rollout_failed(d: dict) -> str | None:
+    """The Deployment controller's own verdict on the latest rollout: its Progressing condition
+    with reason ProgressDeadlineExceeded (for the generation it has observed), in words."""
+    status = d.get("status") or {}
+    if int(status.get("observedGeneration") or 0) < int(d["metadata"].get("generation") or 0):
+        return None
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Progressing" and c.get("status") == "False" \
+                and c.get("reason") == "ProgressDeadlineExceeded":
+            return c.get("message") or "ProgressDeadlineExceeded"
+    return None
+
+
 def reference_target(targets: list[sm.Target]) -> sm.Target:
     """The target whose pod template the canary and control are cloned from (stable choice)."""
     return sorted(targets, key=lambda t: t.key)[0]
 
 
-def seconds_since(ts: str | None, now: datetime) -> float:
-    if not ts:
-        return 0.0
-    t = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    return max(0.0, (now - t).total_seconds())
-
-
-def thresholds(spec: Any) -> Thresholds:
+def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
     a = spec.analysis
-    return Thresholds(min_latency_improvement=parse_fraction(_pct(a.min_latency_improvement)),
-                      max_throughput_regression=parse_fraction(_pct(a.max_throughput_regression)),
-                      confidence=float(a.confidence),
-                      min_samples=max(2, min(int(getattr(spec.load, "min_samples_per_step", 10) or 10), 30)))
-
-
-def _pct(v: Any) -> str:
-    return v if isinstance(v, str) and v.strip().endswith("%") else f"{float(v)}%"
+    return Thresholds(min_latency_improvement=a.min_latency_improvement,
+                      max_throughput_regression=a.max_throughput_regression,
+                      confidence=a.confidence, min_samples=spec.load.min_samples_per_step)
 
 
 # --- Prometheus ----------------------------------------------------------------------------------
 
-def _prom(spec: Any):
+#: What a failed Prometheus read raises; the handler turns these into ``statemachine.ReadError``.
+READ_ERRORS: tuple[type[BaseException], ...] = (observations.ObservationError, OSError, TimeoutError)
+
+
+def _prom(spec: LookaheadPolicySpec):
     from prometheus_api_client import PrometheusConnect
     return PrometheusConnect(url=spec.analysis.prometheus.url, disable_ssl=True)
 
 
 def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,
-                     step: int = SAMPLE_INTERVAL_S) -> dict[str, list[float]]:
+                     step: float) -> dict[str, Any]:
     """Disjoint-interval samples of per-token latency (s) and output throughput (tok/s) of the
     pods ``labels`` select, read by ``observations.observe`` (exact, reset-aware increases from
     the raw samples). Intervals without a finished token carry no latency sample: never a zero."""
@@ -114,9 +120,9 @@ def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:
     return {"lookahead_dev_policy": name, "lookahead_dev_policy_namespace": namespace, "lookahead_dev_role": role}
 
 
-# --- what each phase needs -----------------------------------------------------------------------
+# --- what each phase needs (statemachine.NEEDS) --------------------------------------------------
 
-def preflight(spec: Any, targets: list[sm.Target]) -> tuple[dict, list[int] | None]:
+def preflight(spec: LookaheadPolicySpec, targets: list[sm.Target]) -> sm.PreflightResult:
     """Preflight from the fleet's own metrics; an unreachable Prometheus or missing metrics
     degrade to Unknown (measurement goes ahead and says so), never to a promotion by themselves."""
     names = engines.metric_names(targets[0].engine or "reference") if targets else engines.metric_names("reference")
@@ -145,107 +151,87 @@ def preflight(spec: Any, targets: list[sm.Target]) -> tuple[dict, list[int] | No
             v = _scalar(prom, f"avg(avg_over_time({metric}{sel}[30m]))")
             if v is not None:
                 signals[key] = v / 100.0 if key == "gpu_util" else v
-    except Exception as exc:  # Prometheus down: say so, measure anyway
+    except Exception as exc:  # noqa: BLE001 - Prometheus down or refusing: say so, measure anyway
         missing_note = f"Prometheus at {spec.analysis.prometheus.url} could not be read ({type(exc).__name__}: {exc})"
     result = run_preflight({k: v for k, v in signals.items() if v is not None}).to_dict()
-    if missing_note:
-        result["reasons"] = [missing_note] + list(result.get("reasons") or [])
-    auto = None
+    reasons = ([missing_note] if missing_note else []) + list(result.get("reasons") or [])
     q = signals.get("running_batch_quantiles")
-    if spec.load.batch_sizes is None:
-        auto = production_batch_sizes(q, 64) if q else [1, 8]
-    result["batchSizes"] = list(spec.load.batch_sizes or auto or [])
-    return result, auto
+    auto = production_batch_sizes(q, 64) if q else [1, 8]
+    sizes = list(spec.load.batch_sizes or auto)
+    status = PreflightStatus(candidate=result.get("candidate", True), verdict=result.get("verdict"),
+                             reasons=reasons or None, missing=result.get("missing") or None, batch_sizes=sizes)
+    return sm.PreflightResult(status=status, batch_sizes=sizes)
 
 
-def _verdict_word(bv: BatchVerdict, th: Thresholds) -> str:
-    return bv.outcome(th).value
-
-
-def batch_verdict(spec: Any, policy: tuple[str, str], batch_size: int, start: datetime, end: datetime,
-                  engine: str) -> tuple[BatchVerdict, dict[str, Any]]:
-    """Canary vs control at one batch size over [start, end]: the verdict and its status row."""
+def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size: int, start: datetime,
+                  end: datetime, engine: str) -> BatchVerdict:
+    """Canary vs control at one batch size over [start + warmup, end]."""
     prom = _prom(spec)
     names = engines.metric_names(engine)
     th = thresholds(spec)
-    warmup = _seconds(getattr(spec.load, "warmup", 0) or 0)
-    start = start + timedelta(seconds=min(warmup, max(0.0, (end - start).total_seconds() / 4)))
+    start = start + spec.load.warmup
     lat, tp = SequentialComparison.for_latency(th), SequentialComparison.for_throughput(th)
     acc = None
+    interval = spec.analysis.sample_interval.total_seconds()
     for role in b.ROLES:
-        s = interval_samples(prom, names, role_labels(policy, role), start, end)
+        s = interval_samples(prom, names, role_labels(policy, role), start, end, interval)
         lat.add(role, s["latency"])
         tp.add(role, s["throughput"])
         if role == "canary":
             acc = s["acceptance"]
-    bv = BatchVerdict(batch_size, lat.result(), tp.result(), acc)
-    return bv, batch_row(bv, th)
+    return BatchVerdict(batch_size, lat.result(), tp.result(), acc)
 
 
-def batch_row(bv: BatchVerdict, th: Thresholds) -> dict[str, Any]:
-    """The status.batches row: the decision module's own rendering, so there is one definition."""
-    return bv.to_status(th)
-
-
-def _seconds(v: Any) -> float:
-    from .models import parse_duration
-    return parse_duration(v) if isinstance(v, str) else float(v)
-
-
-def _batch_sizes(status: dict) -> list[int]:
-    return list((status.get("progress") or {}).get("batchSizes") or [1])
-
-
-def step(spec: Any, policy: tuple[str, str], status: dict, now: datetime) -> sm.StepMeasurement | None:
-    progress = status.get("progress") or {}
-    sizes = _batch_sizes(status)
-    i = int(progress.get("step", 0))
-    if i >= len(sizes) or not progress.get("stepStartedAt"):
+def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,
+         now: datetime) -> sm.StepMeasurement | None:
+    p = status.progress
+    sizes = p.batch_sizes or [1]
+    i = p.step or 0
+    if i >= len(sizes) or p.step_started_at is None:
         return None
-    start = datetime.strptime(progress["stepStartedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    engine = _engine(status)
-    bv, row = batch_verdict(spec, policy, sizes[i], start, now, engine)
-    return sm.StepMeasurement(row=row, conclusive=bv.settled(thresholds(spec)))
+    th = thresholds(spec)
+    bv = batch_verdict(spec, policy, sizes[i], p.step_started_at, now, _engine(status))
+    return sm.StepMeasurement(row=BatchResult.model_validate(bv.to_status(th)), conclusive=bv.settled(th))
 
 
-def _engine(status: dict) -> str:
-    targets = status.get("targets") or []
-    return (targets[0].get("engine") if targets else None) or "reference"
+def _engine(status: LookaheadPolicyStatus) -> str:
+    targets = status.targets or []
+    return (targets[0].engine if targets else None) or "reference"
 
 
-def _comparison_from_row(row: dict, th: Thresholds) -> BatchVerdict:
-    """Rebuild a verdict from a stored status row (it holds every number the decision needs), so
-    a restarted operator decides from what is in the cluster, not from memory."""
+def verdict_from_row(row: BatchResult, th: Thresholds) -> BatchVerdict:
+    """Rebuild a verdict from a stored status row (it holds every number the decision needs, at
+    full precision), so a restarted operator decides from what is in the cluster, not from memory."""
     from .statistics import ComparisonResult, Direction, Verdict
 
-    samples = row.get("samples") or {}
-    n_control, n_canary = int(samples.get("control", 0)), int(samples.get("canary", 0))
-    confidence = float(row.get("confidence") or th.confidence)
+    samples = row.samples
+    n_control = int(samples.control or 0) if samples else 0
+    n_canary = int(samples.canary or 0) if samples else 0
+    confidence = float(row.confidence or th.confidence)
 
-    def comp(metric, direction, threshold, c_mean, k_mean, key, verdict):
-        iv = row.get(f"{key}Interval")
+    def comp(metric, direction, threshold, c_mean, k_mean, change, interval, verdict):
         return ComparisonResult(metric, direction, threshold, confidence, n_control, n_canary, c_mean, k_mean,
-                                row.get(f"{key}Change"), tuple(iv) if iv else None,
+                                change, tuple(interval) if interval else None,
                                 Verdict(verdict or Verdict.NOT_ENOUGH_DATA.value))
 
     def seconds(ms):
         return None if ms is None else ms / 1e3
 
     lat = comp("per_token_latency_seconds", Direction.LOWER_IS_BETTER, th.min_latency_improvement,
-               seconds(row.get("controlTpotMs")), seconds(row.get("canaryTpotMs")), "tpot", row.get("latencyVerdict"))
+               seconds(row.control_tpot_ms), seconds(row.canary_tpot_ms), row.tpot_change, row.tpot_interval,
+               row.latency_verdict)
     tp = comp("output_tokens_per_second", Direction.HIGHER_IS_BETTER, th.max_throughput_regression,
-              row.get("controlTokensPerSecond"), row.get("canaryTokensPerSecond"), "throughput",
-              row.get("throughputVerdict"))
-    return BatchVerdict(int(row["batchSize"]), lat, tp, row.get("acceptanceRate"))
+              row.control_tokens_per_second, row.canary_tokens_per_second, row.throughput_change,
+              row.throughput_interval, row.throughput_verdict)
+    return BatchVerdict(int(row.batch_size), lat, tp, row.acceptance_rate)
 
 
-def decision(spec: Any, status: dict, now: datetime, targets: list[sm.Target]) -> dict:
+def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus) -> Decision:
+    """The decision from the stored rows (pure). Every step has been measured once the state
+    machine is in Deciding: missing answers are final."""
     th = thresholds(spec)
-    rows = status.get("batches") or []
-    verdicts = [_comparison_from_row(r, th) for r in rows]
-    deadline = seconds_since((status.get("progress") or {}).get("measuringSince"), now) >= _seconds(spec.analysis.deadline)
-    # Every step has been measured once the state machine is in Deciding: missing answers are final.
-    d = decide(verdicts, th, deadline_passed=True)
+    rows = status.batches or []
+    d = decide([verdict_from_row(r, th) for r in rows], th, deadline_passed=True)
     out = d.to_dict()
     out.pop("outcomes", None)
     engine = _engine(status)
@@ -254,29 +240,29 @@ def decision(spec: Any, status: dict, now: datetime, targets: list[sm.Target]) -
             out["config"] = engines.regime_config(engine, spec.lookahead, d.lookahead_max_batch_size)
         except engines.EngineError as exc:
             out["config"] = {"error": str(exc)}
-    out["evidence"] = {"batches": rows, "deadlinePassed": deadline,
+    out["evidence"] = {"batches": [r.to_dict() for r in rows],
                        "thresholds": {"minLatencyImprovement": th.min_latency_improvement,
                                       "maxThroughputRegression": th.max_throughput_regression,
-                                      "confidence": th.confidence}}
-    return out
+                                      "confidence": th.confidence, "minSamples": th.min_samples}}
+    return Decision.model_validate(out)
 
 
-def promotion_regime(status: dict) -> int | None:
+def promotion_regime(status: LookaheadPolicyStatus) -> int | None:
     """The largest batch size at which lookahead stays on (regime-aware), or None (everywhere)."""
-    d = status.get("decision") or {}
-    if d.get("action") == Action.PROMOTE_REGIME_AWARE.value and d.get("crossoverBatchSize"):
-        return max(1, int(d["crossoverBatchSize"]) - 1)
+    d = status.decision
+    if d is not None and d.action == DecisionAction.PromoteRegimeAware and d.crossover_batch_size:
+        return max(1, int(d.crossover_batch_size) - 1)
     return None
 
 
-def guard(spec: Any, policy: tuple[str, str], status: dict, now: datetime, jobs: list[dict]) -> sm.GuardCheck | None:
+def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
+          jobs: list[dict]) -> sm.GuardCheck:
     """A promoted fleet pod vs the control, both driven by the guard's load Jobs at the largest
     measured batch size, on output throughput since the current guard Jobs started. A regression
     beyond the guard's tolerance, with confidence, rolls back."""
-    progress = status.get("progress") or {}
-    wave = f"w{int(progress.get('wave', 0))}"
-    current = [j for j in jobs if j["metadata"]["labels"].get(b.LABEL_STEP) == wave]
-    promoted_job = next((j for j in current if j["metadata"]["labels"].get(f"{b.GROUP}/drives") == "promoted"), None)
+    run = str(status.progress.load_run or 0)
+    current = [j for j in jobs if j["metadata"]["labels"].get(b.LABEL_RUN) == run]
+    promoted_job = next((j for j in current if j["metadata"]["labels"].get(b.LABEL_DRIVES) == "promoted"), None)
     if promoted_job is None:
         return sm.GuardCheck(False, "guard: waiting for the guard load to start", enough_data=False)
     pod_ns = promoted_job["metadata"]["namespace"]
@@ -286,18 +272,21 @@ def guard(spec: Any, policy: tuple[str, str], status: dict, now: datetime, jobs:
         start = start.replace(tzinfo=timezone.utc)
     th = thresholds(spec)
     tol = spec.promotion.guard.max_throughput_regression
-    tol = parse_fraction(_pct(tol)) if tol is not None else th.max_throughput_regression
+    tol = tol if tol is not None else th.max_throughput_regression
     prom = _prom(spec)
     names = engines.metric_names(_engine(status))
+    interval = spec.analysis.sample_interval.total_seconds()
     comp = SequentialComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
-    start = start + timedelta(seconds=SAMPLE_INTERVAL_S)  # let the closed loop fill
-    comp.add("canary", interval_samples(prom, names, {"namespace": pod_ns, "pod": pod}, start, now)["throughput"])
-    comp.add("control", interval_samples(prom, names, role_labels(policy, "control"), start, now)["throughput"])
+    start = start + timedelta(seconds=interval)  # let the closed loop fill
+    comp.add("canary", interval_samples(prom, names, {"namespace": pod_ns, "pod": pod}, start, now,
+                                        interval)["throughput"])
+    comp.add("control", interval_samples(prom, names, role_labels(policy, "control"), start, now,
+                                         interval)["throughput"])
     r = comp.result()
     if r.estimate is None or r.interval is None:
         return sm.GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
     words = (f"promoted pod {pod_ns}/{pod} throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
-             f"{r.interval[1] * 100:+.1f}%] vs the control ({int(th.confidence * 100)}% CS, "
+             f"{r.interval[1] * 100:+.1f}%] vs the control ({th.confidence * 100:g}% CS, "
              f"n={r.n_canary}/{r.n_control})")
     return sm.GuardCheck(r.verdict.value == "Worse", words)
 
@@ -308,16 +297,18 @@ def newest_promoted(targets: list[sm.Target]) -> sm.Target | None:
     return promoted[-1] if promoted else None
 
 
-def guard_jobs(spec: Any, policy: dict, wave: int, batch_size: int, newest: sm.Target, fleet_pods: list[dict],
-               control_pods: list[dict]) -> list[dict]:
+def _load_image(spec: LookaheadPolicySpec) -> str:
+    return spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
+
+
+def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, batch_size: int,
+               newest: sm.Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
     """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
     pods carry the decision id), one on a ready control pod."""
     promoted_pods = [p for p in fleet_pods
                      if (p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
                      and not p["metadata"].get("deletionTimestamp")]
-    duration = _seconds(spec.promotion.guard.duration) + _seconds(spec.promotion.wave_duration)
-    prompts = spec.load.prompts.builtin.value if getattr(spec.load.prompts, "builtin", None) else "chat"
-    image = spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
+    duration = (spec.promotion.guard.duration + spec.promotion.wave_duration).total_seconds()
     jobs = []
     for role, pods in (("promoted", promoted_pods), ("control", control_pods)):
         ready = sorted((p for p in pods if (p.get("status") or {}).get("podIP") and _pod_ready(p)),
@@ -326,18 +317,17 @@ def guard_jobs(spec: Any, policy: dict, wave: int, batch_size: int, newest: sm.T
             return []  # both or neither: a one-sided load would compare nothing
         pod = ready[0]
         url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
-        jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", batch_size, url,
-                                     duration, image, prompts, extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
+        jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
+                                     duration, _load_image(spec), spec.load.prompts,
+                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
     return jobs
 
 
-def load_jobs(spec: Any, policy: dict, namespace: str, step_index: int, batch_size: int,
+def load_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
               pods_by_role: dict[str, list[dict]]) -> list[dict]:
     """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
     (its pod IP and serving port: no Service or DNS needed)."""
-    duration = _seconds(spec.load.step_duration)
-    prompts = spec.load.prompts.builtin.value if getattr(spec.load.prompts, "builtin", None) else "chat"
-    image = spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
+    duration = spec.load.step_duration.total_seconds()
     jobs = []
     for role in b.ROLES:
         pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and _pod_ready(p)]
@@ -346,7 +336,8 @@ def load_jobs(spec: Any, policy: dict, namespace: str, step_index: int, batch_si
         pod = sorted(pods, key=lambda p: p["metadata"]["name"])[0]
         port = b.container_port(pod["spec"]["containers"][0])
         url = f"http://{pod['status']['podIP']}:{port}"
-        jobs.append(b.build_load_job(policy, namespace, role, step_index, batch_size, url, duration, image, prompts))
+        jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
+                                     _load_image(spec), spec.load.prompts))
     return jobs
 
 

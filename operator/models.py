@@ -10,8 +10,8 @@ Python attribute names are snake_case; the wire (JSON/YAML) names are camelCase 
 accepted on input (``populate_by_name``); use :meth:`ApiModel.to_dict` to get the wire form.
 
     spec = LookaheadPolicySpec.model_validate(body["spec"])      # what the apiserver stores
-    spec.analysis.max_throughput_regression_pct                    # 2.0
-    spec.load.step_seconds                                         # 120.0
+    spec.analysis.max_throughput_regression                        # 0.02 (written "2%")
+    spec.load.step_duration                                        # timedelta(seconds=120)
 
 Gates (what ``kubectl lookahead pause|resume|approve|abort`` does):
 
@@ -35,7 +35,7 @@ import hashlib
 import json
 import math
 import re
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
@@ -43,12 +43,15 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    PlainSerializer,
     Field,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from lookahead_canary import units
 
 # --------------------------------------------------------------------------------------------
 # identity of the API
@@ -86,91 +89,42 @@ MAX_IMAGE = 1024
 # --------------------------------------------------------------------------------------------
 # parsing helpers
 
-_PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%?\s*$")
+DURATION_PATTERN = units.DURATION_PATTERN
 # The CRD pattern for a percent given as a string: 0-100, up to any decimals, optional '%'.
 PERCENT_PATTERN = r"^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)%?$"
 # A wave: a whole percent 1-100, as '10%' (or the integer 10).
 WAVE_PATTERN = r"^(100|[1-9][0-9]?)%$"
-# Go duration syntax (what CEL's duration() parses): 90s, 2m, 1h30m, 500ms, 1.5h.
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 CONDITION_TYPE_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# Label values are at most 63 characters; the policy's name is one (lookahead.dev/policy).
+MAX_POLICY_NAME = 63
 
 
-def parse_percent(value: Union[int, float, str], *, lo: float = 0.0, hi: float = 100.0) -> float:
-    """A percentage as a float in percent units: ``"2%"`` -> 2.0, ``"2.5"`` -> 2.5, ``5`` -> 5.0.
-
-    Numbers are percentages too (``2`` means 2 %, not 200 %). Raises ``ValueError`` outside
-    ``[lo, hi]`` or when the text is not a percentage.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a percentage like '2%' or a number, got {value!r}")
-    if isinstance(value, (int, float)):
-        out = float(value)
-    elif isinstance(value, str):
-        m = _PERCENT_RE.match(value)
-        if not m:
-            raise ValueError(f"expected a percentage like '2%' or '2.5%', got {value!r}")
-        out = float(m.group(1))
-    else:
-        raise ValueError(f"expected a percentage like '2%' or a number, got {value!r}")
-    if math.isnan(out) or not (lo <= out <= hi):
-        raise ValueError(f"percentage {value!r} must be between {lo:g}% and {hi:g}%")
-    return out
-
-
-def parse_duration(value: Union[str, int, float]) -> float:
-    """Seconds in a Go-style duration: ``"2m"`` -> 120.0, ``"1h30m"`` -> 5400.0, ``"500ms"`` -> 0.5.
-
-    A bare number is taken as seconds. Units: ms, s, m, h (the ones CEL's ``duration()`` and Go
-    understand). Raises ``ValueError`` on anything else.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration like '2m', got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0 or math.isnan(value):
-            raise ValueError(f"duration must not be negative, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise ValueError(f"expected a duration like '2m', got {value!r}")
-    text = value.strip()
-    if not re.fullmatch(DURATION_PATTERN, text):
-        raise ValueError(f"expected a duration like '90s', '2m' or '1h30m' (units ms, s, m, h), got {value!r}")
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_RE.findall(text))
-
-
-def format_duration(seconds: float) -> str:
-    """The inverse of :func:`parse_duration` for whole seconds: 5400 -> '1h30m'."""
-    s = int(round(seconds))
-    h, rest = divmod(s, 3600)
-    m, sec = divmod(rest, 60)
-    out = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec else "")
-    return out or "0s"
-
-
-def _check_percent(lo: float, hi: float):
+def _percent_in(lo: float, hi: float):
+    """Validator: a wire percentage ('2%', '2.5%', 2) -> a fraction (0.02)."""
     def check(v: Any) -> Any:
-        parse_percent(v, lo=lo, hi=hi)
-        if isinstance(v, float):
+        if isinstance(v, float) and not v.is_integer():
             # The CRD field is int-or-string (a structural schema has no int-or-float-or-string),
             # so a fraction has to be written as a string.
-            if not v.is_integer():
-                raise ValueError(f"a fractional percentage must be a string like '{v:g}%', got the number {v!r}")
-            return int(v)
-        return v.strip() if isinstance(v, str) else v
+            raise ValueError(f"a fractional percentage must be a string like '{v:g}%', got the number {v!r}")
+        return units.parse_percent(v, lo=lo, hi=hi) / 100.0
     return check
 
 
-def _check_duration(v: Any) -> Any:
-    if not isinstance(v, str):
-        raise ValueError(f"expected a duration string like '2m', got {v!r}")
-    parse_duration(v)
-    return v.strip()
+def _duration_in(v: Any) -> Any:
+    """Validator: a Go duration string ('2m') -> timedelta."""
+    if isinstance(v, timedelta):
+        return v
+    if not isinstance(v, str) or not re.fullmatch(DURATION_PATTERN, v.strip()):
+        raise ValueError(f"expected a duration like '90s', '2m' or '1h30m' (units ms, s, m, h), got {v!r}")
+    return timedelta(seconds=units.parse_duration(v))
+
+
+def _duration_out(v: timedelta) -> str:
+    return units.format_duration(v.total_seconds())
 
 
 def _percent_schema(description: str, lo: int = 0, hi: int = 100) -> dict:
@@ -184,16 +138,20 @@ def _percent_schema(description: str, lo: int = 0, hi: int = 100) -> dict:
     }
 
 
-# A percentage: "2%", "2.5%", "2" or the integer 2 (all mean 2 %), 0-100. Fractions only as strings.
+# A share: written "2%", "2.5%", "2" or the integer 2 (all mean 2 %), 0-100; held as the
+# fraction 0.02; written back as "2%". Fractions only as strings on the wire.
 Percent = Annotated[
-    Union[int, str],
-    BeforeValidator(_check_percent(0, 100)),
+    float,
+    BeforeValidator(_percent_in(0, 100)),
+    PlainSerializer(units.format_percent, return_type=str),
     WithJsonSchema(_percent_schema("A percentage, 0-100: '2%', '2.5%' or the integer 2 (all mean 2 %); fractions only as strings.")),
 ]
-# A wave size: a whole percent of the fleet, "10%" or 10, 1-100.
+# A wave size: a whole percent of the fleet, "10%" or 10, 1-100; held as the int 10.
 WavePercent = Annotated[
-    Union[int, str],
-    BeforeValidator(_check_percent(1, 100)),
+    int,
+    BeforeValidator(lambda v: v if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 100
+                    else _wave_value(v)),
+    PlainSerializer(lambda v: f"{v}%", return_type=str),
     WithJsonSchema({
         "x-kubernetes-int-or-string": True,
         "pattern": WAVE_PATTERN,
@@ -203,12 +161,15 @@ WavePercent = Annotated[
         "description": "Cumulative share of the fleet promoted by the end of this wave: '10%' or 10.",
     }),
 ]
+# A Go duration on the wire ("2m"), a timedelta in Python.
 Duration = Annotated[
-    str,
-    BeforeValidator(_check_duration),
+    timedelta,
+    BeforeValidator(_duration_in),
+    PlainSerializer(_duration_out, return_type=str),
     WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": 32,
                     "description": "A Go duration: '90s', '2m', '1h30m'."}),
 ]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
@@ -216,7 +177,10 @@ FreeForm = Annotated[
 
 
 def _wave_value(w: Union[int, str]) -> int:
-    return int(parse_percent(w, lo=1, hi=100))
+    pct = units.parse_percent(w, lo=1, hi=100)
+    if not float(pct).is_integer():
+        raise ValueError(f"a wave is a whole percent of the fleet, got {w!r}")
+    return int(pct)
 
 
 def _cel(rule: str, message: str, field_path: Optional[str] = None, reason: Optional[str] = None) -> dict:
@@ -261,7 +225,8 @@ class ApiModel(BaseModel):
     from a default).
     """
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    # validate_default: defaults are written as on the wire ("2m", "5%") and parsed like user input.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
 
     def to_dict(self, *, exclude_none: bool = True) -> dict[str, Any]:
         """The wire (camelCase JSON) form, ready for a patch body."""
@@ -271,7 +236,7 @@ class ApiModel(BaseModel):
 class StatusModel(ApiModel):
     """Status models ignore unknown keys (a newer operator may have written more)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", validate_default=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,7 +262,7 @@ class LabelSelectorRequirement(ApiModel):
 
     key: str = Field(min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN, description="The label key.")
     operator: SelectorOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
-    values: Optional[list[Annotated[str, Field(max_length=63)]]] = Field(
+    values: Optional[list[LabelValue]] = Field(
         default=None, max_length=MAX_EXPRESSION_VALUES,
         description="Values for In and NotIn; empty for Exists and DoesNotExist.")
 
@@ -323,11 +288,23 @@ class LabelSelectorRequirement(ApiModel):
 class LabelSelector(ApiModel):
     """A Kubernetes label selector: ``matchLabels`` and ``matchExpressions``, ANDed."""
 
-    match_labels: Optional[dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]]] = Field(
+    match_labels: Optional[dict[Annotated[str, Field(max_length=317)], LabelValue]] = Field(
         default=None, max_length=MAX_LABELS, description="Labels that must all be present with these values.",
-        json_schema_extra={"maxProperties": MAX_LABELS})
+        json_schema_extra={"maxProperties": MAX_LABELS, "x-kubernetes-validations": [
+            _cel(f"self.all(k, size(k) <= 317 && k.matches(r'{LABEL_KEY_PATTERN}'))",
+                 "label keys must be valid Kubernetes label keys: an optional DNS prefix and '/', then a name of "
+                 "alphanumerics, '-', '_' or '.' that starts and ends with an alphanumeric"),
+        ]})
     match_expressions: Optional[list[LabelSelectorRequirement]] = Field(
         default=None, max_length=MAX_EXPRESSIONS, description="Requirements that must all hold.")
+
+    @field_validator("match_labels")
+    @classmethod
+    def _label_keys(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        for key in v or {}:
+            if not re.fullmatch(LABEL_KEY_PATTERN, key):
+                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+        return v
 
     def is_empty(self) -> bool:
         return not self.match_labels and not self.match_expressions
@@ -398,12 +375,15 @@ class Engine(StrEnum):
     auto = "auto"
     vllm = "vllm"
     sglang = "sglang"
+    trtllm = "trtllm"
     reference = "reference"
 
 
 class LookaheadMethod(StrEnum):
     jacobi = "jacobi"
     ngram = "ngram"
+    ngram_gpu = "ngram_gpu"
+    suffix = "suffix"
 
 
 MAX_TOKENS_PER_STEP = 1024
@@ -414,10 +394,12 @@ class LookaheadConfig(ApiModel):
     """What the canary turns on. The engine adapter maps it onto the engine's flags.
 
     ``jacobi``: Jacobi lookahead decoding (Fu et al. 2024) with window W, n-gram size N and
-    guess-set size G; it verifies ``1 + (W + G)(N - 1)`` tokens per step. Only the reference
-    engine implements it. ``ngram``: prompt-lookup speculation (vLLM ``method: ngram``, SGLang
-    ``NGRAM``) with ``numSpeculativeTokens`` drafts from n-grams of ``promptLookupMin`` to
-    ``promptLookupMax`` tokens.
+    guess-set size G; it verifies ``1 + (W + G)(N - 1)`` tokens per step. The reference engine
+    implements it (and TensorRT-LLM's ``Lookahead`` decoding on its TensorRT backend). ``ngram``:
+    prompt-lookup speculation (vLLM ``method: ngram``, SGLang ``NGRAM``, TensorRT-LLM ``NGram``)
+    with ``numSpeculativeTokens`` drafts from n-grams of ``promptLookupMin`` to ``promptLookupMax``
+    tokens; ``ngram_gpu`` and ``suffix`` are vLLM's other draft-free methods. What each engine
+    version supports: ``docs/engines.md``.
     """
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -428,7 +410,7 @@ class LookaheadConfig(ApiModel):
              ".window"),
     ]})
 
-    method: LookaheadMethod = Field(default=LookaheadMethod.jacobi, description="jacobi (W, N, G) or ngram (prompt lookup).")
+    method: LookaheadMethod = Field(default=LookaheadMethod.jacobi, description="jacobi (W, N, G), ngram (prompt lookup), ngram_gpu (vLLM 0.18+) or suffix (vLLM 0.11.1+, needs arctic-inference in the image).")
     window: int = Field(default=7, ge=1, le=64, description="jacobi: W, the lookahead window (future positions).")
     ngram: int = Field(default=5, ge=2, le=16, description="jacobi: N, the n-gram size (N-1 past Jacobi iterations kept).")
     guess_set: int = Field(default=7, ge=0, le=64, description="jacobi: G, the most pool n-grams verified per step.")
@@ -440,6 +422,10 @@ class LookaheadConfig(ApiModel):
         description="jacobi: also verify a draft of up to this many tokens copied from the prompt each step, and "
                     "skip the Jacobi window on steps that have one (0: off). Pays on CPUs and for code, where "
                     "output repeats the input.")
+    engine_version: str | None = Field(
+        default=None, max_length=64, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+_a-zA-Z0-9]*)$",
+        description="The engine's version (e.g. 0.11.0) when the image tag does not say it; overrides the tag. "
+                    "Unset and no version in the tag: the current release is assumed (docs/engines.md).")
 
     @model_validator(mode="after")
     def _cross_field(self) -> "LookaheadConfig":
@@ -548,8 +534,11 @@ class LoadSpec(ApiModel):
                                   json_schema_extra={"default": {"builtin": "chat"}})
     step_duration: Duration = Field(default="2m", description="How long each batch size is measured.")
     warmup: Duration = Field(default="30s", description="Discarded at the start of each step.")
-    min_samples_per_step: int = Field(default=50, ge=1, le=100000,
-                                      description="Completed requests per role needed before a step counts.")
+    min_samples_per_step: int = Field(
+        default=10, ge=2, le=10000,
+        description="Samples (disjoint analysis.sampleInterval windows after the warm-up) per role and metric "
+                    "before a step can give a verdict. Must fit: (stepDuration - warmup) / sampleInterval >= "
+                    "minSamplesPerStep.")
     live_percent: Optional[Percent] = Field(
         default=None, description="live: share of the Service's traffic the canary and the control each take.")
     loadgen_image: Optional[str] = Field(default=None, min_length=1, max_length=MAX_IMAGE,
@@ -580,8 +569,9 @@ class LoadSpec(ApiModel):
     def _cross_field(self) -> "LoadSpec":
         if self.mode == "live" and self.live_percent is None:
             raise ValueError("livePercent is required when mode is live")
-        if parse_duration(self.warmup) >= parse_duration(self.step_duration):
-            raise ValueError(f"warmup ({self.warmup}) must be shorter than stepDuration ({self.step_duration})")
+        if self.warmup >= self.step_duration:
+            raise ValueError(f"warmup ({_duration_out(self.warmup)}) must be shorter than stepDuration "
+                             f"({_duration_out(self.step_duration)})")
         return self
 
     @property
@@ -589,16 +579,9 @@ class LoadSpec(ApiModel):
         return not self.batch_sizes
 
     @property
-    def step_seconds(self) -> float:
-        return parse_duration(self.step_duration)
-
-    @property
-    def warmup_seconds(self) -> float:
-        return parse_duration(self.warmup)
-
-    @property
-    def live_pct(self) -> Optional[float]:
-        return None if self.live_percent is None else parse_percent(self.live_percent)
+    def measured_window(self) -> timedelta:
+        """The part of each step that is measured: stepDuration minus the warm-up."""
+        return self.step_duration - self.warmup
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,18 +605,29 @@ class AnalysisSpec(ApiModel):
     confidence: float = Field(default=0.99, gt=0.5, lt=1.0,
                               description="Confidence of the intervals behind each verdict, in (0.5, 1).")
     deadline: Duration = Field(default="30m", description="Give up (never promote) if undecided by then.")
+    sample_interval: Duration = Field(
+        default="5s", description="Length of one sample window (per-token latency and throughput are read per "
+                                  "disjoint window); at least Prometheus' scrape interval.")
 
-    @property
-    def max_throughput_regression_pct(self) -> float:
-        return parse_percent(self.max_throughput_regression)
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!has(self.minLatencyImprovement) || double(string(self.minLatencyImprovement).replace('%', '')) < 100.0",
+             "minLatencyImprovement must be below 100% (a 100% faster token would take no time)",
+             ".minLatencyImprovement"),
+        _cel("!has(self.maxThroughputRegression) || double(string(self.maxThroughputRegression).replace('%', '')) < 100.0",
+             "maxThroughputRegression must be below 100%", ".maxThroughputRegression"),
+        _cel(f"!{_dur_ok('self.sampleInterval')} || duration(self.sampleInterval) >= duration('1s')",
+             "sampleInterval must be at least 1s", ".sampleInterval"),
+    ]})
 
-    @property
-    def min_latency_improvement_pct(self) -> float:
-        return parse_percent(self.min_latency_improvement)
-
-    @property
-    def deadline_seconds(self) -> float:
-        return parse_duration(self.deadline)
+    @model_validator(mode="after")
+    def _winnable(self) -> "AnalysisSpec":
+        if self.min_latency_improvement >= 1.0:
+            raise ValueError("minLatencyImprovement must be below 100% (a 100% faster token would take no time)")
+        if self.max_throughput_regression >= 1.0:
+            raise ValueError("maxThroughputRegression must be below 100%")
+        if self.sample_interval < timedelta(seconds=1):
+            raise ValueError("sampleInterval must be at least 1s")
+        return self
 
 
 class PromotionMode(StrEnum):
@@ -678,27 +672,18 @@ class PromotionSpec(ApiModel):
     require_approval: bool = Field(
         default=False, description="Wait for `kubectl lookahead approve` (annotation lookahead.dev/approve) before the first wave.")
 
+    rollout_deadline: Duration = Field(
+        default="10m", description="How long a promoted Deployment may take to become available (and the canary "
+                                   "and control to become ready) before the policy rolls back.")
+
     @field_validator("waves")
     @classmethod
-    def _waves(cls, v: list[Union[int, str]]) -> list[Union[int, str]]:
-        nums = [_wave_value(w) for w in v]
-        if any(b <= a for a, b in zip(nums, nums[1:])):
-            raise ValueError(f"waves must be strictly increasing, got {v}")
-        if nums[-1] != 100:
-            raise ValueError(f"the last wave must be 100%, got {v[-1]!r}")
+    def _waves(cls, v: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"waves must be strictly increasing, got {[f'{w}%' for w in v]}")
+        if v[-1] != 100:
+            raise ValueError(f"the last wave must be 100%, got '{v[-1]}%'")
         return v
-
-    @property
-    def wave_percents(self) -> list[int]:
-        return [_wave_value(w) for w in self.waves]
-
-    @property
-    def wave_seconds(self) -> float:
-        return parse_duration(self.wave_duration)
-
-    @property
-    def guard_seconds(self) -> float:
-        return parse_duration(self.guard.duration)
 
 
 # --------------------------------------------------------------------------------------------
@@ -708,6 +693,15 @@ class PromotionSpec(ApiModel):
 _DEADLINE_CEL = (f"!has(self.analysis) || !has(self.load) || !{_dur_ok('self.analysis.deadline')}"
                  f" || !{_dur_ok('self.load.stepDuration')}"
                  " || duration(self.analysis.deadline) >= duration(self.load.stepDuration)")
+_SAMPLES_FIT_CEL = (f"!has(self.load) || !has(self.analysis) || !{_dur_ok('self.load.stepDuration')}"
+                    f" || !{_dur_ok('self.load.warmup')} || !{_dur_ok('self.analysis.sampleInterval')}"
+                    " || !has(self.load.minSamplesPerStep)"
+                    " || (duration(self.load.stepDuration) - duration(self.load.warmup)).getMilliseconds()"
+                    " >= self.load.minSamplesPerStep * duration(self.analysis.sampleInterval).getMilliseconds()")
+_SWEEP_FITS_CEL = (f"!has(self.load) || !has(self.analysis) || !has(self.load.batchSizes)"
+                   f" || !{_dur_ok('self.load.stepDuration')} || !{_dur_ok('self.analysis.deadline')}"
+                   " || duration(self.analysis.deadline).getSeconds()"
+                   " >= size(self.load.batchSizes) * duration(self.load.stepDuration).getSeconds()")
 _ENGINE_METHOD_CEL = ("!has(self.lookahead) || !has(self.lookahead.method) || self.lookahead.method == 'ngram'"
                       " || !has(self.engine) || self.engine in ['auto', 'reference']")
 
@@ -720,6 +714,12 @@ class LookaheadPolicySpec(ApiModel):
              "lookahead.method jacobi runs only on the reference engine (vLLM and SGLang offer ngram): "
              "use method ngram, or engine reference or auto", ".lookahead.method"),
         _cel(_DEADLINE_CEL, "analysis.deadline must be at least load.stepDuration", ".analysis.deadline"),
+        _cel(_SAMPLES_FIT_CEL,
+             "a step cannot yield load.minSamplesPerStep samples: (load.stepDuration - load.warmup) / "
+             "analysis.sampleInterval must be at least load.minSamplesPerStep", ".load.minSamplesPerStep"),
+        _cel(_SWEEP_FITS_CEL,
+             "analysis.deadline must leave room for every batch size: at least size(load.batchSizes) * "
+             "load.stepDuration", ".analysis.deadline"),
     ]})
 
     targets: Targets = Field(description="The fleet of inference Deployments.")
@@ -736,10 +736,25 @@ class LookaheadPolicySpec(ApiModel):
         if self.lookahead.method == "jacobi" and self.engine in ("vllm", "sglang"):
             raise ValueError("lookahead.method jacobi runs only on the reference engine (vLLM and SGLang offer "
                              "ngram): use method ngram, or engine reference or auto")
-        if self.analysis.deadline_seconds < self.load.step_seconds:
-            raise ValueError(f"analysis.deadline ({self.analysis.deadline}) must be at least "
-                             f"load.stepDuration ({self.load.step_duration})")
+        load, analysis = self.load, self.analysis
+        if analysis.deadline < load.step_duration:
+            raise ValueError(f"analysis.deadline ({_duration_out(analysis.deadline)}) must be at least "
+                             f"load.stepDuration ({_duration_out(load.step_duration)})")
+        if self.samples_per_step() < load.min_samples_per_step:
+            raise ValueError(
+                f"a step cannot yield load.minSamplesPerStep samples: (load.stepDuration "
+                f"{_duration_out(load.step_duration)} - load.warmup {_duration_out(load.warmup)}) / "
+                f"analysis.sampleInterval {_duration_out(analysis.sample_interval)} = {self.samples_per_step()} "
+                f"< {load.min_samples_per_step}")
+        if load.batch_sizes and analysis.deadline < load.step_duration * len(load.batch_sizes):
+            raise ValueError(f"analysis.deadline ({_duration_out(analysis.deadline)}) must leave room for every "
+                             f"batch size: at least {len(load.batch_sizes)} x load.stepDuration "
+                             f"({_duration_out(load.step_duration * len(load.batch_sizes))})")
         return self
+
+    def samples_per_step(self) -> int:
+        """The most samples one step yields per role and metric: whole sample windows after the warm-up."""
+        return int(self.load.measured_window.total_seconds() // self.analysis.sample_interval.total_seconds())
 
     def fingerprint(self) -> str:
         """A hash of everything that changes what is measured or promoted.
@@ -779,19 +794,28 @@ class ConditionStatus(StrEnum):
     unknown = "Unknown"
 
 
-class ConditionType:
-    """Condition types the operator sets (free strings in the schema, so they can grow)."""
+class ConditionType(StrEnum):
+    """Every condition type the operator sets, and no other (``lookahead_operator.conditions``
+    derives them from the phase and what one reconcile pass found)."""
 
-    Accepted = "Accepted"          # the spec validated; the policy owns its targets
-    Candidate = "Candidate"        # preflight: the workload is decode-bound with spare compute
-    Ready = "Ready"                # canary and control are up
-    Measured = "Measured"          # every batch size has a verdict
-    Decided = "Decided"
-    AwaitingApproval = "AwaitingApproval"
-    Promoted = "Promoted"
-    Healthy = "Healthy"            # guard: no throughput regression
-    RolledBack = "RolledBack"
-    Paused = "Paused"
+    Accepted = "Accepted"            # the spec is valid and can be acted on
+    TargetsFound = "TargetsFound"    # Deployments match spec.targets and no other policy owns them
+    RolesReady = "RolesReady"        # canary and control are up
+    MetricsAvailable = "MetricsAvailable"  # Prometheus answered the last read
+    Approved = "Approved"            # promotion may go on (or no approval is required)
+    WaveReady = "WaveReady"          # the current wave rolled out and is being guarded
+    GuardData = "GuardData"          # the guard has enough data to judge
+    Paused = "Paused"                # spec.paused
+    Reconciled = "Reconciled"        # the last pass's actions were carried out
+    Ready = "Ready"                  # Succeeded: lookahead is on where it pays
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# A point in time, written as RFC 3339 to the second (as Kubernetes writes metav1.Time).
+Timestamp = Annotated[datetime, PlainSerializer(_rfc3339, return_type=str), Field(json_schema_extra={"format": "date-time"})]
 
 
 class Condition(StatusModel):
@@ -802,8 +826,7 @@ class Condition(StatusModel):
     reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN,
                         description="CamelCase machine-readable reason.")
     message: str = Field(default="", max_length=MAX_MESSAGE, description="Human-readable details.")
-    last_transition_time: datetime = Field(description="When status last changed.",
-                                           json_schema_extra={"format": "date-time"})
+    last_transition_time: Timestamp = Field(description="When status last changed.")
     observed_generation: Optional[int] = Field(default=None, ge=0,
                                                description="metadata.generation the condition was set for.")
 
@@ -879,7 +902,7 @@ class Decision(StatusModel):
                               description="Identifies this decision (generation and action).")
     action: DecisionAction
     reason: str = Field(max_length=MAX_MESSAGE, description="The reason in words, with the numbers.")
-    decided_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
+    decided_at: Optional[Timestamp] = None
     crossover_batch_size: Optional[int] = Field(default=None, ge=0,
                                                 description="Smallest measured batch size at which lookahead stops paying.")
     regime: Optional[list[RegimeRange]] = Field(default=None, description="Where lookahead stays on (regimeAware).")
@@ -902,8 +925,8 @@ class WaveStatus(StatusModel):
     percent: int = Field(ge=1, le=100, description="Cumulative share of the fleet by the end of this wave.")
     state: WaveState = WaveState.Pending
     targets: Optional[list[str]] = Field(default=None, max_length=MAX_TARGETS, description="namespace/name promoted in this wave.")
-    started_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
-    finished_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
+    started_at: Optional[Timestamp] = None
+    finished_at: Optional[Timestamp] = None
     throughput_change: Optional[float] = Field(default=None, description="Guard: promoted vs unpromoted, percent.")
     message: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
 
@@ -914,7 +937,7 @@ class PreflightStatus(StatusModel):
     reasons: Optional[list[str]] = Field(default=None, description="Why, with the numbers.")
     missing: Optional[list[str]] = Field(default=None, description="Metrics that were not available (e.g. DCGM SM_ACTIVE).")
     batch_sizes: Optional[list[int]] = Field(default=None, description="Batch sizes to measure (auto: from running-request quantiles).")
-    checked_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
+    checked_at: Optional[Timestamp] = None
 
 
 class TargetStatus(StatusModel):
@@ -943,17 +966,54 @@ class Gates(StatusModel):
     awaiting_approval: Optional[bool] = None
     approved: Optional[bool] = None
     approved_generation: Optional[int] = Field(default=None, ge=0, description="The generation the approval named.")
-    approved_at: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
+    approved_at: Optional[Timestamp] = None
     aborted: Optional[bool] = None
     abort_reason: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
+
+
+class Progress(StatusModel):
+    """The state machine's bookkeeping: what a restarted operator resumes from. Every clock here
+    is frozen while the policy is paused (shifted by the pause's length on resume)."""
+
+    fingerprint: Optional[str] = Field(default=None, max_length=64,
+                                       description="LookaheadPolicySpec.fingerprint() being acted on.")
+    started_at: Optional[Timestamp] = None
+    phase_since: Optional[Timestamp] = None
+    batch_sizes: Optional[list[int]] = Field(default=None, max_length=MAX_BATCH_SIZES,
+                                             description="The planned sweep, fixed when measurement starts.")
+    step: Optional[int] = Field(default=None, ge=0, description="Index into batchSizes being measured.")
+    step_started_at: Optional[Timestamp] = None
+    measuring_since: Optional[Timestamp] = None
+    wave: Optional[int] = Field(default=None, ge=0, description="0-based wave in progress.")
+    wave_started_at: Optional[Timestamp] = None
+    guard_started_at: Optional[Timestamp] = None
+    paused_at: Optional[Timestamp] = Field(default=None, description="When spec.paused was first seen true.")
+    load_run: Optional[int] = Field(default=None, ge=0,
+                                    description="Bumped whenever load is (re)started; load Job names carry it.")
+    read_errors: Optional[int] = Field(default=None, ge=0, description="Consecutive passes Prometheus could not be read.")
+
+
+class GuardStatus(StatusModel):
+    """The latest guard comparison: a promoted pod against the control."""
+
+    wave: Optional[int] = Field(default=None, ge=1, description="The wave being guarded (none: the final guard).")
+    message: str = Field(default="", max_length=MAX_MESSAGE)
+    enough_data: bool = False
+    regressed: bool = False
+
+
+class RollbackStatus(StatusModel):
+    reason: str = Field(max_length=MAX_SHORT)
+    message: str = Field(default="", max_length=MAX_MESSAGE)
+    at: Optional[Timestamp] = None
+    restored: Optional[list[str]] = Field(default=None, max_length=MAX_TARGETS,
+                                          description="namespace/name restored to their saved templates.")
 
 
 class LookaheadPolicyStatus(StatusModel):
     phase: Phase = Phase.Pending
     message: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
     observed_generation: Optional[int] = Field(default=None, ge=0)
-    spec_fingerprint: Optional[str] = Field(default=None, description="LookaheadPolicySpec.fingerprint() being acted on.")
-    phase_since: Optional[datetime] = Field(default=None, json_schema_extra={"format": "date-time"})
     conditions: Optional[list[Condition]] = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     preflight: Optional[PreflightStatus] = None
@@ -968,23 +1028,35 @@ class LookaheadPolicyStatus(StatusModel):
     waves: Optional[list[WaveStatus]] = None
     gates: Optional[Gates] = None
     report: Optional[str] = Field(default=None, max_length=MAX_URL, description="Where the report is (a ConfigMap or URL).")
-    guard: Optional[FreeForm] = Field(default=None, description="The latest guard comparison (promoted vs control).")
-    rollback: Optional[FreeForm] = Field(default=None, description="Why and when the fleet was rolled back, and what was restored.")
-    progress: Optional[FreeForm] = Field(
-        default=None, description="The state machine's bookkeeping (step, wave, timestamps): what a restarted "
-                                  "operator resumes from. See lookahead_operator.statemachine.")
+    guard: Optional[GuardStatus] = Field(default=None, description="The latest guard comparison (promoted vs control).")
+    rollback: Optional[RollbackStatus] = Field(default=None, description="Why and when the fleet was rolled back, and what was restored.")
+    progress: Progress = Field(default_factory=Progress, description="The state machine's bookkeeping (step, wave, "
+                               "clocks): what a restarted operator resumes from. See lookahead_operator.statemachine.")
+
+
+NAME_TOO_LONG = (f"metadata.name must be at most {MAX_POLICY_NAME} characters: it is the value of the "
+                 "lookahead.dev/policy label on every object the policy creates")
+# Rules on the whole object (the CRD's root schema): only metadata.name is visible to CEL there.
+ROOT_VALIDATIONS = [_cel(f"size(self.metadata.name) <= {MAX_POLICY_NAME}", NAME_TOO_LONG)]
 
 
 class LookaheadPolicy(ApiModel):
     """A whole object, as the apiserver returns it."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", validate_default=True)
 
     api_version: Literal["lookahead.dev/v1alpha1"] = API_VERSION
     kind: Literal["LookaheadPolicy"] = KIND
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: LookaheadPolicySpec
     status: Optional[LookaheadPolicyStatus] = None
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> "LookaheadPolicy":
+        name = self.metadata.get("name") or ""
+        if len(name) > MAX_POLICY_NAME:
+            raise ValueError(NAME_TOO_LONG)
+        return self
 
     @classmethod
     def from_body(cls, body: Any) -> "LookaheadPolicy":

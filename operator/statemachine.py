@@ -4,31 +4,71 @@
             -> Guarding -> Succeeded
     or RolledBack / NotACandidate / Failed
 
-``reconcile(world)`` reads an ``Observed`` snapshot (the policy, its status, the fleet, the
-canary/control pair, and whatever the handler measured for the current step) and returns a
-``Plan``: the new status, the actions to carry out, events to post, and when to look again.
-Every piece of progress lives in the policy's status (``status.progress``) or in labelled
-objects in the cluster, so an operator killed at any instant resumes from the next snapshot:
-each action is idempotent (create-if-absent, patch-to-a-value, delete-if-present).
+``reconcile(world)`` reads an ``Observed`` snapshot (the parsed spec, the current status model,
+the fleet, the canary/control pair, what was measured for the current phase, and what could not
+be read) and returns a ``Plan``: the whole next ``LookaheadPolicyStatus``, the actions to carry
+out, events to post, and when to look again (``None``: only when something changes).
+
+Rules that hold in every phase:
+
+* Every piece of progress is in the status (``status.progress``) or in labelled objects, so an
+  operator killed at any instant resumes from the next snapshot; every action is idempotent.
+* Every wait is bounded: Launching and each wave's rollout by ``promotion.rolloutDeadline``,
+  Measuring by ``analysis.deadline``, a wave's or the guard's data by ``analysis.deadline``.
+  Each deadline ends in an exact state: nothing promoted, or every promoted Deployment restored.
+* What could not be read (``Observed.read_errors``) is data: it shows in the ``MetricsAvailable``
+  condition, gives no verdict and no guard pass, and the deadlines above still fire. Missing
+  data never promotes.
+* Paused means frozen: the load stops, nothing else is done, every clock stops; on resume the
+  clocks are shifted by the pause and the interrupted step or guard load starts afresh.
+* Which measurement each phase needs is declared here (``NEEDS``); the handler reads it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import datetime, timedelta
+from enum import StrEnum
 
-from .conditions import now_rfc3339, set_condition
+from . import conditions
+from .conditions import Fact
+from .models import (
+    TERMINAL_PHASES,
+    BatchResult,
+    ConditionType,
+    Decision,
+    DecisionAction,
+    GuardStatus,
+    LookaheadPolicySpec,
+    LookaheadPolicyStatus,
+    Phase,
+    PreflightStatus,
+    RollbackStatus,
+    TargetStatus,
+)
 
-PENDING, PREFLIGHT, LAUNCHING, MEASURING, DECIDING = "Pending", "Preflight", "Launching", "Measuring", "Deciding"
-PROMOTING, GUARDING, SUCCEEDED, ROLLED_BACK = "Promoting", "Guarding", "Succeeded", "RolledBack"
-NOT_A_CANDIDATE, FAILED = "NotACandidate", "Failed"
-TERMINAL = {SUCCEEDED, ROLLED_BACK, NOT_A_CANDIDATE, FAILED}
-# Phases in which the canary and control exist.
-WITH_ROLES = {LAUNCHING, MEASURING, DECIDING, PROMOTING, GUARDING}
+C = ConditionType
+WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})
+MID_ROLLOUT = frozenset({Phase.Promoting, Phase.Guarding})
 
-PROMOTE, PROMOTE_REGIME_AWARE, ROLLBACK, INCONCLUSIVE, NOT_CANDIDATE_ACTION, WAIT = (
-    "Promote", "PromoteRegimeAware", "Rollback", "Inconclusive", "NotACandidate", "Wait")
+
+class Need(StrEnum):
+    """What the handler must measure before the state machine runs."""
+
+    PREFLIGHT = "Preflight"   # the fleet's own metrics: is it a candidate, which batch sizes
+    STEP = "Step"             # canary vs control at the current batch size
+    DECISION = "Decision"     # the decision from status.batches (pure)
+    GUARD = "Guard"           # a promoted pod vs the control
+
+
+#: Which measurement each phase needs (phases not listed need none).
+NEEDS: dict[Phase, Need] = {
+    Phase.Preflight: Need.PREFLIGHT,
+    Phase.Measuring: Need.STEP,
+    Phase.Deciding: Need.DECISION,
+    Phase.Promoting: Need.GUARD,
+    Phase.Guarding: Need.GUARD,
+}
 
 
 # --- what the handler observed ----------------------------------------------------------------
@@ -41,7 +81,8 @@ class Target:
     owner: str | None = None          # the policy that claimed it (annotation), if any
     saved: bool = False               # its original template is saved on it
     promoted: str | None = None       # the decision id it was promoted with, if any
-    rolled_out: bool = True           # its latest template is fully rolled out and ready
+    rolled_out: bool = True           # its latest template is fully rolled out and available
+    rollout_failed: str | None = None  # the Deployment's own ProgressDeadlineExceeded message, if any
 
     @property
     def key(self) -> tuple[str, str]:
@@ -50,17 +91,29 @@ class Target:
 
 @dataclass(frozen=True)
 class StepMeasurement:
-    """The statistics of the current measurement step, computed by the handler from Prometheus."""
-    row: dict                          # the status.batches row (numbers, intervals, samples, verdict)
-    conclusive: bool                   # the sequential test has an answer at the policy's confidence
+    """The statistics of the current measurement step, computed from Prometheus."""
+    row: BatchResult                  # the status.batches row (numbers, intervals, samples, verdict)
+    conclusive: bool                  # the sequential test has an answer at the policy's confidence
 
 
 @dataclass(frozen=True)
 class GuardCheck:
-    """Promoted pods vs the baseline (control or not-yet-promoted pods) during a wave or the guard."""
+    """Promoted pods vs the control during a wave or the guard."""
     regressed: bool
     message: str
     enough_data: bool = True
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    status: PreflightStatus           # candidate, verdict, reasons
+    batch_sizes: list[int]            # the sweep to measure (the spec's, or auto from the fleet)
+
+
+@dataclass(frozen=True)
+class ReadError:
+    source: str                       # "prometheus"
+    message: str
 
 
 @dataclass
@@ -69,445 +122,551 @@ class Observed:
     name: str
     namespace: str
     generation: int
-    spec: Any                          # lookahead_operator.models.LookaheadPolicySpec
-    status: dict
-    spec_error: str | None = None      # validation failure of the stored spec, in words
+    spec: LookaheadPolicySpec | None
+    status: LookaheadPolicyStatus
+    spec_error: str | None = None      # why the stored spec cannot be acted on, naming the field
     targets: list[Target] = field(default_factory=list)
-    roles_present: dict[str, bool] = field(default_factory=dict)
     roles_ready: dict[str, bool] = field(default_factory=dict)
-    load_jobs_present: set[str] = field(default_factory=set)     # "<step>/<role>"
-    preflight: dict | None = None      # preflight result when phase is Preflight
-    auto_batch_sizes: list[int] | None = None
+    preflight: PreflightResult | None = None
     step: StepMeasurement | None = None
-    decision: dict | None = None       # the decision computed from status.batches when Deciding
+    decision: Decision | None = None   # computed from status.batches when Deciding
     guard: GuardCheck | None = None
+    read_errors: list[ReadError] = field(default_factory=list)
     fingerprint: str = ""              # LookaheadPolicySpec.fingerprint(): what is measured (not `paused`)
     approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves
     abort_requested: bool = False
+    support_problems: list[str] = field(default_factory=list)  # what the engine version cannot do
+    roles_present: dict[str, bool] = field(default_factory=dict)
+    poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 # --- what to do ---------------------------------------------------------------------------------
 
+class ActionKind(StrEnum):
+    CLAIM = "ClaimTargets"             # save each target's template and mark it ours
+    RELEASE = "ReleaseTargets"         # drop our marks from never-promoted targets
+    DISOWN = "DisownTargets"           # drop ownership, keep the saved template (lookahead stays on)
+    ENSURE_ROLES = "EnsureRoles"       # canary and control exist
+    DELETE_ROLES = "DeleteRoles"
+    ENSURE_LOAD = "EnsureLoadJobs"     # the step's load Jobs exist (run-numbered names)
+    ENSURE_GUARD_LOAD = "EnsureGuardLoad"
+    DELETE_LOAD = "DeleteLoadJobs"     # every load Job of the policy
+    PROMOTE = "PromoteTargets"
+    RESTORE = "RestoreTargets"         # saved template back, exactly
+
+
 @dataclass(frozen=True)
 class Action:
-    kind: str                          # one of the ACTION_* names below
-    args: dict = field(default_factory=dict)
-
-
-CLAIM, RELEASE, ENSURE_ROLES, DELETE_ROLES = "ClaimTargets", "ReleaseTargets", "EnsureRoles", "DeleteRoles"
-ENSURE_LOAD, DELETE_LOAD, PATCH, RESTORE = "EnsureLoadJobs", "DeleteLoadJobs", "PromoteTargets", "RestoreTargets"
-ENSURE_GUARD_LOAD = "EnsureGuardLoad"
+    kind: ActionKind
+    targets: tuple[tuple[str, str], ...] = ()
+    step: int | None = None
+    batch_size: int | None = None
+    run: int | None = None
+    wave: int | None = None
+    decision_id: str | None = None
 
 
 @dataclass
 class Plan:
-    status: dict
+    status: LookaheadPolicyStatus
     actions: list[Action] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)   # (type, reason, message)
-    requeue_after: float = 5.0
+    requeue_after: float | None = 5.0  # seconds; None: only when the policy or its objects change
 
 
-# --- helpers --------------------------------------------------------------------------------------
+# --- one pass -----------------------------------------------------------------------------------
 
-def _ts(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-
-
-def policy_key(world: Observed) -> str:
-    return f"{world.namespace}/{world.name}"
-
-
-def batch_sizes(world: Observed) -> list[int]:
-    configured = world.spec.load.batch_sizes
-    if isinstance(configured, list):
-        return list(configured)
-    return list(world.status.get("progress", {}).get("batchSizes") or world.auto_batch_sizes or [1])
-
-
-class _Builder:
-    """Accumulates the plan for one reconcile pass."""
+class _Pass:
+    """Accumulates the plan of one reconcile pass."""
 
     def __init__(self, world: Observed):
         self.w = world
-        self.status = {k: v for k, v in world.status.items()}
-        self.status.setdefault("progress", {})
-        self.status["progress"] = dict(self.status["progress"])
+        self.s = world.status.model_copy(deep=True)
+        self.facts: dict[ConditionType, Fact] = {}
         self.actions: list[Action] = []
         self.events: list[tuple[str, str, str]] = []
-        self.requeue = 5.0
+        self.requeue: float | None = 5.0
 
     @property
-    def phase(self) -> str:
-        return self.status.get("phase") or PENDING
+    def p(self):
+        return self.s.progress
 
     @property
-    def progress(self) -> dict:
-        return self.status["progress"]
+    def phase(self) -> Phase:
+        return self.s.phase
 
-    def cond(self, type_: str, ok: bool | str, reason: str, message: str) -> None:
-        self.status["conditions"] = set_condition(self.status.get("conditions"), type_, ok, reason, message,
-                                                  self.w.generation, self.w.now)
+    @property
+    def spec(self) -> LookaheadPolicySpec:
+        assert self.w.spec is not None
+        return self.w.spec
 
-    def go(self, phase: str, reason: str, message: str, warning: bool = False) -> None:
+    def fact(self, type_: ConditionType, ok: bool, reason: str, message: str) -> None:
+        self.facts[type_] = Fact(ok, reason, message)
+
+    def go(self, phase: Phase, reason: str, message: str, warning: bool = False) -> None:
         if phase == self.phase:
             return
         self.events.append(("Warning" if warning else "Normal", reason, f"{self.phase} -> {phase}: {message}"))
-        self.status["phase"] = phase
-        self.status["message"] = message
-        self.progress["phaseSince"] = now_rfc3339(self.w.now)
-        ready = phase in TERMINAL
-        self.cond("Ready", ready and phase == SUCCEEDED, reason, message)
+        self.s.phase = phase
+        self.s.message = message
+        self.p.phase_since = self.w.now
 
-    def act(self, kind: str, **args: Any) -> None:
-        self.actions.append(Action(kind, args))
+    def act(self, kind: ActionKind, **kw) -> None:
+        if "targets" in kw:
+            kw["targets"] = tuple(sorted(kw["targets"]))
+        self.actions.append(Action(kind, **kw))
+
+    def since(self, t: datetime | None) -> timedelta:
+        return self.w.now - t if t is not None else timedelta(0)
+
+    def wait(self, seconds: float | None) -> None:
+        self.requeue = seconds
 
     def plan(self) -> Plan:
-        self.status["observedGeneration"] = self.w.generation if self.phase != PENDING or self.status.get(
-            "observedGeneration") is None else self.status["observedGeneration"]
-        return Plan(self.status, self.actions, self.events, self.requeue)
-
-    def elapsed(self, key: str) -> float:
-        t = _ts(self.progress.get(key))
-        return (self.w.now - t).total_seconds() if t else 0.0
-
-
-def _seconds(value: Any) -> float:
-    """A duration from the spec ("2m", a number of seconds, or a timedelta) in seconds."""
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, str):
-        from .models import parse_duration
-        return parse_duration(value)
-    return float(value)
+        if self.phase in TERMINAL_PHASES:
+            self.requeue = None
+        if self.phase != Phase.Pending or self.s.observed_generation is None:
+            self.s.observed_generation = self.w.generation
+        self.s.conditions = conditions.derive(self.s.conditions, self.facts, self.phase, self.s.message or "",
+                                              self.w.generation, self.w.now)
+        return Plan(self.s, self.actions, self.events, self.requeue)
 
 
-def _percent(value: Any) -> float:
-    if isinstance(value, str):
-        from .models import parse_percent
-        return parse_percent(value)
-    return float(value)
+def _seconds(td: timedelta) -> float:
+    return max(0.0, td.total_seconds())
 
 
 # --- the state machine --------------------------------------------------------------------------
 
 def reconcile(world: Observed) -> Plan:
-    b = _Builder(world)
+    b = _Pass(world)
+    if world.spec is None or world.spec_error:
+        return _refuse(b, "InvalidSpec", world.spec_error or "the spec could not be parsed")
     spec = world.spec
-
-    if world.spec_error:
-        b.go(FAILED, "InvalidSpec", world.spec_error, warning=True)
-        b.cond("Accepted", False, "InvalidSpec", world.spec_error)
-        return b.plan()
-    if getattr(getattr(spec.load, "mode", None), "value", spec.load.mode) == "live":
-        message = ("spec.load.mode: live (canary and control taking a share of the fleet's real traffic) is not "
-                   "implemented in this version; use mode: sweep")
-        b.cond("Accepted", False, "Unsupported", message)
-        b.go(FAILED, "Unsupported", message, warning=True)
-        return b.plan()
-    b.cond("Accepted", True, "Valid", "the spec is valid")
+    if spec.load.mode == "live":
+        return _refuse(b, "Unsupported", "spec.load.mode: live (canary and control taking a share of the fleet's "
+                                         "real traffic) is not implemented in this version; use mode: sweep")
+    if world.support_problems and b.phase in (Phase.Pending, Phase.Preflight):
+        return _refuse(b, "EngineUnsupported", "; ".join(world.support_problems))
+    b.fact(C.Accepted, True, "Valid", "the spec is valid")
 
     # A changed spec restarts measurement: nothing measured under the old spec is mixed in.
     # (The fingerprint leaves out `paused`: pausing and resuming does not restart anything.)
-    measured = b.progress.get("fingerprint")
-    if measured is not None and measured != world.fingerprint and b.phase not in (PENDING,):
-        promoted = [t for t in world.targets if t.promoted]
-        if promoted:
-            b.act(RESTORE, targets=[t.key for t in promoted])
-        b.act(DELETE_LOAD)
-        b.act(DELETE_ROLES)
-        b.events.append(("Normal", "SpecChanged",
-                         f"spec changed (generation {world.generation}): measurement restarts"))
-        b.status.update({"batches": [], "crossoverBatchSize": None, "decision": None, "currentWave": None})
-        b.status["progress"] = {}
-        b.status["phase"] = PENDING
-        b.requeue = 1.0
+    measured = b.p.fingerprint
+    if measured is not None and measured != world.fingerprint and b.phase != Phase.Pending:
+        return _restart(b)
+
+    if world.abort_requested and b.phase not in TERMINAL_PHASES:
+        _roll_back(b, "Aborted", "aborted by `kubectl lookahead abort`")
         return b.plan()
 
-    if world.abort_requested and b.phase not in TERMINAL:
-        return _roll_back(b, "Aborted", "aborted by `kubectl lookahead abort`")
-
-    if spec.paused and b.phase not in TERMINAL:
-        b.cond("Paused", True, "Paused", "spec.paused is true: no action until it is false")
-        b.requeue = 30.0
+    if b.phase not in TERMINAL_PHASES and _paused(b):
         return b.plan()
-    b.cond("Paused", False, "Running", "not paused")
+
+    if world.read_errors:
+        b.p.read_errors = (b.p.read_errors or 0) + 1
+        b.fact(C.MetricsAvailable, False, "ReadFailed",
+               "; ".join(f"{e.source}: {e.message}" for e in world.read_errors)
+               + f" ({b.p.read_errors} pass(es) in a row; deadlines still apply, nothing is promoted without data)")
+    elif b.phase in NEEDS and NEEDS[b.phase] is not Need.DECISION:
+        b.p.read_errors = None
+        b.fact(C.MetricsAvailable, True, "Read", "Prometheus answered")
 
     handler = _PHASES.get(b.phase)
-    if handler is None:
-        b.requeue = 300.0
-        return b.plan()
-    handler(b)
+    if handler is not None:
+        handler(b)
     return b.plan()
 
 
-def _pending(b: _Builder) -> None:
+def _refuse(b: _Pass, reason: str, message: str) -> Plan:
+    """The spec cannot be acted on: say so, and leave the cluster exact (restore anything promoted)."""
+    b.fact(C.Accepted, False, reason, message)
+    started = b.phase not in TERMINAL_PHASES and b.phase != Phase.Pending
+    if started or any(t.promoted for t in b.w.targets if t.owner == b.w.key):
+        _clean_up(b)
+    b.go(Phase.Failed, reason, message, warning=True)
+    return b.plan()
+
+
+def _restart(b: _Pass) -> Plan:
     w = b.w
-    me = policy_key(w)
+    promoted = [t.key for t in w.targets if t.promoted and t.owner == w.key]
+    if promoted:
+        b.act(ActionKind.RESTORE, targets=promoted)
+    b.act(ActionKind.DELETE_LOAD)
+    b.act(ActionKind.DELETE_ROLES)
+    b.events.append(("Normal", "SpecChanged", f"spec changed (generation {w.generation}): measurement restarts"))
+    b.s = LookaheadPolicyStatus(phase=Phase.Pending, message="spec changed: measurement restarts",
+                                conditions=b.s.conditions, observed_generation=w.generation)
+    b.wait(0)
+    return b.plan()
+
+
+def _paused(b: _Pass) -> bool:
+    """Pause and resume. Returns True while paused (nothing else happens in this pass)."""
+    w, p = b.w, b.p
+    if w.spec.paused:
+        if p.paused_at is None:
+            p.paused_at = w.now
+            b.act(ActionKind.DELETE_LOAD)
+            b.events.append(("Normal", "Paused", f"paused in {b.phase}: load stopped, clocks frozen"))
+        b.fact(C.Paused, True, "Paused", "spec.paused is true: no action, clocks frozen, until it is false")
+        b.wait(None)
+        return True
+    if p.paused_at is not None:
+        gap = w.now - p.paused_at
+        for name in ("phase_since", "step_started_at", "measuring_since", "wave_started_at", "guard_started_at"):
+            if getattr(p, name) is not None:
+                setattr(p, name, getattr(p, name) + gap)
+        if b.phase == Phase.Measuring:
+            p.step_started_at = w.now       # the interrupted step is measured afresh
+        p.load_run = (p.load_run or 0) + 1  # fresh load Jobs, never beside the old ones
+        p.paused_at = None
+        b.events.append(("Normal", "Resumed", f"resumed after {_seconds(gap):.0f}s; clocks shifted by the pause"))
+    b.fact(C.Paused, False, "Running", "not paused")
+    return False
+
+
+def _pending(b: _Pass) -> None:
+    w = b.w
     if not w.targets:
-        b.cond("TargetsFound", False, "NoTargets", "no Deployment matches spec.targets yet")
-        b.requeue = 15.0
+        b.fact(C.TargetsFound, False, "NoTargets", "no Deployment matches spec.targets yet")
+        b.wait(b.w.poll_s)
         return
-    taken = [t for t in w.targets if t.owner and t.owner != me]
+    taken = [t for t in w.targets if t.owner and t.owner != w.key]
     if taken:
         names = ", ".join(f"{t.namespace}/{t.name} (owned by {t.owner})" for t in taken)
-        b.cond("TargetsFound", False, "Conflict",
+        b.fact(C.TargetsFound, False, "Conflict",
                f"refused: another LookaheadPolicy owns {names}; a Deployment can be owned by one policy only")
-        b.requeue = 30.0
+        b.wait(b.w.poll_s)
         return
     engines = sorted({t.engine or "unknown" for t in w.targets})
-    b.cond("TargetsFound", True, "Found", f"{len(w.targets)} Deployment(s), engine {', '.join(engines)}")
-    b.act(CLAIM, targets=[t.key for t in w.targets], owner=me)
-    b.progress.update({"fingerprint": w.fingerprint, "startedAt": now_rfc3339(w.now)})
-    b.status["targets"] = [{"namespace": t.namespace, "name": t.name, "engine": t.engine, "promoted": False}
-                           for t in sorted(w.targets, key=lambda t: t.key)]
-    b.go(PREFLIGHT, "TargetsClaimed", f"claimed {len(w.targets)} Deployment(s); checking the workload")
-    b.requeue = 0.5
+    b.fact(C.TargetsFound, True, "Found", f"{len(w.targets)} Deployment(s), engine {', '.join(engines)}")
+    b.act(ActionKind.CLAIM, targets=[t.key for t in w.targets])
+    b.p.fingerprint = w.fingerprint
+    b.p.started_at = w.now
+    b.s.targets = [TargetStatus(namespace=t.namespace, name=t.name, engine=t.engine, promoted=False)
+                   for t in sorted(w.targets, key=lambda t: t.key)]
+    b.go(Phase.Preflight, "TargetsClaimed", f"claimed {len(w.targets)} Deployment(s); checking the workload")
+    b.wait(0)
 
 
-def _preflight(b: _Builder) -> None:
-    w = b.w
+def _preflight(b: _Pass) -> None:
+    w, spec = b.w, b.spec
     if w.preflight is None:
-        b.requeue = 2.0
+        b.wait(b.w.poll_s)
         return
-    b.status["preflight"] = w.preflight
-    if not w.preflight.get("candidate", True):
-        b.act(RELEASE, targets=[t.key for t in w.targets])
-        reasons = "; ".join(w.preflight.get("reasons") or [])
-        b.status["decision"] = {"action": NOT_CANDIDATE_ACTION, "reason": reasons, "decidedAt": now_rfc3339(w.now)}
-        b.go(NOT_A_CANDIDATE, w.preflight.get("verdict", "NotACandidate"), reasons)
+    b.s.preflight = w.preflight.status
+    if not w.preflight.status.candidate:
+        b.act(ActionKind.RELEASE, targets=[t.key for t in w.targets])
+        reasons = "; ".join(w.preflight.status.reasons or []) or "preflight said no"
+        b.s.decision = Decision(action=DecisionAction.NotACandidate, reason=reasons, decided_at=w.now)
+        b.go(Phase.NotACandidate, w.preflight.status.verdict or "NotACandidate", reasons)
         return
-    sizes = batch_sizes(b.w) if isinstance(w.spec.load.batch_sizes, list) else (w.auto_batch_sizes or [1])
-    b.progress["batchSizes"] = sizes
-    b.act(ENSURE_ROLES)
-    b.go(LAUNCHING, "CandidateConfirmed",
-         f"preflight {w.preflight.get('verdict', 'Unknown')}; launching canary and control; batch sizes {sizes}")
-    b.requeue = 1.0
+    sizes = list(spec.load.batch_sizes or w.preflight.batch_sizes or [1])
+    fit = max(1, int(spec.analysis.deadline / spec.load.step_duration))
+    note = ""
+    if len(sizes) > fit:  # auto sizes: measure what the deadline leaves room for, smallest first
+        note = f" (auto batch sizes {sizes} cut to {sizes[:fit]}: analysis.deadline fits {fit} steps)"
+        sizes = sizes[:fit]
+    b.p.batch_sizes = sizes
+    b.act(ActionKind.ENSURE_ROLES)
+    b.go(Phase.Launching, "CandidateConfirmed",
+         f"preflight {w.preflight.status.verdict or 'Unknown'}; launching canary and control; batch sizes "
+         f"{sizes}{note}")
+    b.wait(b.w.poll_s)
 
 
-def _launching(b: _Builder) -> None:
-    w = b.w
-    b.act(ENSURE_ROLES)
+def _launching(b: _Pass) -> None:
+    w, spec = b.w, b.spec
+    b.act(ActionKind.ENSURE_ROLES)
     if not all(w.roles_ready.get(r) for r in ("canary", "control")):
-        b.cond("RolesReady", False, "Waiting", "waiting for canary and control to be ready")
-        b.requeue = 2.0
+        limit = spec.promotion.rollout_deadline
+        if b.since(b.p.phase_since) >= limit:
+            _stop(b, Phase.Failed, "CanaryNotReady",
+                  f"canary and control were not ready within promotion.rolloutDeadline ({_seconds(limit):g}s); "
+                  "they were deleted and the fleet was not touched")
+            return
+        b.fact(C.RolesReady, False, "Waiting", "waiting for canary and control to be ready")
+        b.wait(b.w.poll_s)
         return
-    b.cond("RolesReady", True, "Ready", "canary and control are ready")
-    b.progress.update({"step": 0, "stepStartedAt": now_rfc3339(w.now), "measuringSince": now_rfc3339(w.now)})
-    b.status["batches"] = []
-    b.go(MEASURING, "Measuring", f"measuring batch size {batch_sizes(w)[0]}")
-    b.requeue = 1.0
+    b.fact(C.RolesReady, True, "Ready", "canary and control are ready")
+    b.p.step, b.p.step_started_at, b.p.measuring_since = 0, w.now, w.now
+    b.p.load_run = (b.p.load_run or 0) + 1
+    b.s.batches = []
+    b.go(Phase.Measuring, "Measuring", f"measuring batch size {b.p.batch_sizes[0]}")
+    b.wait(0)
 
 
-def _deadline_passed(b: _Builder) -> bool:
-    return b.elapsed("measuringSince") >= _seconds(b.w.spec.analysis.deadline)
-
-
-def _measuring(b: _Builder) -> None:
-    w = b.w
-    sizes = batch_sizes(w)
-    step = int(b.progress.get("step", 0))
+def _measuring(b: _Pass) -> None:
+    w, spec, p = b.w, b.spec, b.p
+    sizes = p.batch_sizes or [1]
+    step = p.step or 0
     if step >= len(sizes):
-        b.go(DECIDING, "Measured", "all batch sizes measured")
-        b.requeue = 0.2
+        b.go(Phase.Deciding, "Measured", "all batch sizes measured")
+        b.wait(0)
         return
-    b.act(ENSURE_ROLES)
-    if w.spec.load.mode == "sweep":
-        b.act(ENSURE_LOAD, step=step, batch_size=sizes[step])
-    rows = [r for r in (b.status.get("batches") or []) if r.get("batchSize") != sizes[step]]
+    b.act(ActionKind.ENSURE_ROLES)
+    b.fact(C.RolesReady, all(w.roles_ready.get(r) for r in ("canary", "control")),
+           "Ready" if all(w.roles_ready.get(r) for r in ("canary", "control")) else "NotReady",
+           "canary and control are ready" if all(w.roles_ready.get(r) for r in ("canary", "control"))
+           else "a canary or control pod is not ready: its samples are missing")
+    b.act(ActionKind.ENSURE_LOAD, step=step, batch_size=sizes[step], run=p.load_run or 0)
     if w.step is not None:
-        rows.append(dict(w.step.row))
-    b.status["batches"] = sorted(rows, key=lambda r: r["batchSize"])
-    if not (w.step is not None and w.step.conclusive) and _deadline_passed(b):
-        b.act(DELETE_LOAD)
-        b.go(DECIDING, "Deadline", "analysis deadline reached before every batch size had an answer")
-        b.requeue = 0.2
+        rows = [r for r in b.s.batches or [] if r.batch_size != sizes[step]] + [w.step.row]
+        b.s.batches = sorted(rows, key=lambda r: r.batch_size)
+    conclusive = w.step is not None and w.step.conclusive
+    if not conclusive and b.since(p.measuring_since) >= spec.analysis.deadline:
+        b.act(ActionKind.DELETE_LOAD)
+        b.go(Phase.Deciding, "Deadline", "analysis deadline reached before every batch size had an answer")
+        b.wait(0)
         return
-    step_done = w.step is not None and w.step.conclusive
-    timed_out = b.elapsed("stepStartedAt") >= _seconds(w.spec.load.step_duration)
-    if step_done or timed_out:
-        b.act(DELETE_LOAD, step=step)
-        why = "answer is clear" if step_done else "step duration reached"
+    timed_out = b.since(p.step_started_at) >= spec.load.step_duration
+    if timed_out and not conclusive and _starved(w.step, spec):
+        # No usable data yet (Prometheus down, pods not serving): the step waits for data rather
+        # than ending empty; the analysis deadline still bounds it.
+        b.s.message = (f"batch size {sizes[step]}: step duration reached without enough samples "
+                       f"(need {spec.load.min_samples_per_step} per role); waiting for data until the deadline")
+        timed_out = False
+    if conclusive or timed_out:
+        b.act(ActionKind.DELETE_LOAD)
+        why = "answer is clear" if conclusive else "step duration reached"
         b.events.append(("Normal", "StepDone", f"batch size {sizes[step]}: {why}"))
-        b.progress.update({"step": step + 1, "stepStartedAt": now_rfc3339(w.now)})
+        p.step, p.step_started_at, p.load_run = step + 1, w.now, (p.load_run or 0) + 1
         if step + 1 >= len(sizes):
-            b.go(DECIDING, "Measured", "all batch sizes measured")
+            b.go(Phase.Deciding, "Measured", "all batch sizes measured")
         else:
-            b.status["message"] = f"measuring batch size {sizes[step + 1]}"
-        b.requeue = 0.2
+            b.s.message = f"measuring batch size {sizes[step + 1]}"
+        b.wait(0)
         return
-    b.requeue = 2.0
+    # Look again when the next sample window closes (or a clock runs out, if sooner).
+    left = min(spec.load.step_duration - b.since(p.step_started_at),
+               spec.analysis.deadline - b.since(p.measuring_since), spec.analysis.sample_interval)
+    b.wait(max(0.5, _seconds(left)))
 
 
-def _deciding(b: _Builder) -> None:
-    w = b.w
+def _starved(step: StepMeasurement | None, spec: LookaheadPolicySpec) -> bool:
+    samples = step.row.samples if step is not None else None
+    if samples is None:
+        return True
+    return min(samples.control or 0, samples.canary or 0) < spec.load.min_samples_per_step
+
+
+def _deciding(b: _Pass) -> None:
+    w, spec = b.w, b.spec
     if w.decision is None:
-        b.requeue = 1.0
+        b.wait(b.w.poll_s)
         return
-    decision = dict(w.decision)
-    decision.setdefault("decidedAt", now_rfc3339(w.now))
-    decision["id"] = f"{w.fingerprint[:8] or 'g' + str(w.generation)}-{decision['action']}"
-    b.status["decision"] = decision
-    b.status["crossoverBatchSize"] = decision.get("crossoverBatchSize")
-    action = decision["action"]
-    b.act(DELETE_LOAD)
-    if action == WAIT:
-        # Not enough data and the deadline has not passed: measure the unanswered steps again.
-        b.progress.update({"step": 0, "stepStartedAt": now_rfc3339(w.now)})
-        b.go(MEASURING, "NeedMoreData", decision.get("reason", "not enough data"))
-        return
-    mode = w.spec.promotion.mode
-    if action in (PROMOTE, PROMOTE_REGIME_AWARE) and mode == "analysisOnly":
-        b.act(DELETE_ROLES)
-        b.act(RELEASE, targets=[t.key for t in w.targets])
-        b.go(SUCCEEDED, action, f"{decision['reason']} (promotion.mode analysisOnly: the fleet is not touched)")
-        return
-    if action in (PROMOTE, PROMOTE_REGIME_AWARE):
-        if mode == "full" and action == PROMOTE_REGIME_AWARE:
-            b.act(DELETE_ROLES)
-            b.act(RELEASE, targets=[t.key for t in w.targets])
-            b.go(ROLLED_BACK, "NotPromoted",
-                 f"{decision['reason']} promotion.mode is full, so a regime-aware win is not promoted", warning=True)
+    d = w.decision.model_copy(update={"decided_at": w.now,
+                                      "id": f"{w.fingerprint[:8] or 'g' + str(w.generation)}-{w.decision.action}"})
+    b.s.decision = d
+    b.s.crossover_batch_size = d.crossover_batch_size
+    b.act(ActionKind.DELETE_LOAD)
+    action, mode = d.action, spec.promotion.mode
+    if action in (DecisionAction.Promote, DecisionAction.PromoteRegimeAware):
+        if mode == "analysisOnly":
+            _stop(b, Phase.Succeeded, str(action),
+                  f"{d.reason} (promotion.mode analysisOnly: the fleet is not touched)", warning=False)
             return
-        approved = w.approved_decision == decision["id"]
-        if getattr(w.spec.promotion, "require_approval", False) and not approved:
-            b.cond("Approved", False, "AwaitingApproval",
+        if mode == "full" and action == DecisionAction.PromoteRegimeAware:
+            _stop(b, Phase.RolledBack, "NotPromoted",
+                  f"{d.reason} promotion.mode is full, so a regime-aware win is not promoted")
+            return
+        approved = w.approved_decision == d.id
+        if spec.promotion.require_approval and not approved:
+            b.fact(C.Approved, False, "AwaitingApproval",
                    f"decision {action}: run `kubectl lookahead approve {w.name} -n {w.namespace}` to promote")
-            b.requeue = 10.0
+            b.wait(None)
             return
-        b.cond("Approved", True, "Approved" if approved else "NotRequired", "promotion may go on")
-        b.progress.update({"wave": 0, "waveStartedAt": now_rfc3339(w.now)})
-        b.status["currentWave"] = 1
-        b.go(PROMOTING, action, decision["reason"])
-        b.requeue = 0.2
+        b.fact(C.Approved, True, "Approved" if approved else "NotRequired", "promotion may go on")
+        b.p.wave, b.p.wave_started_at = 0, w.now
+        b.p.load_run = (b.p.load_run or 0) + 1
+        b.s.current_wave = 1
+        b.go(Phase.Promoting, str(action), d.reason)
+        b.wait(0)
         return
     # Rollback, Inconclusive, NotACandidate: never promote; the fleet is untouched.
-    b.act(DELETE_ROLES)
-    b.act(RELEASE, targets=[t.key for t in w.targets])
-    if action == INCONCLUSIVE:
-        b.go(FAILED, "Inconclusive", decision["reason"], warning=True)
-    elif action == NOT_CANDIDATE_ACTION:
-        b.go(NOT_A_CANDIDATE, "NotACandidate", decision["reason"])
+    if action == DecisionAction.Inconclusive:
+        _stop(b, Phase.Failed, "Inconclusive", d.reason)
+    elif action == DecisionAction.NotACandidate:
+        _stop(b, Phase.NotACandidate, "NotACandidate", d.reason, warning=False)
     else:
-        b.go(ROLLED_BACK, "CanaryRegressed", decision["reason"], warning=True)
+        _stop(b, Phase.RolledBack, "CanaryRegressed", d.reason)
 
 
-def _promoting(b: _Builder) -> None:
+def _promoting(b: _Pass) -> None:
     from .builders import wave_members
 
-    w = b.w
-    waves = [_percent(x) for x in w.spec.promotion.waves]
-    wave = int(b.progress.get("wave", 0))
+    w, spec, p = b.w, b.spec, b.p
+    waves = spec.promotion.waves
+    wave = p.wave or 0
     members = wave_members([t.key for t in w.targets], waves, wave)
-    decision_id = (b.status.get("decision") or {}).get("id", "")
-    b.status["currentWave"] = wave + 1
-    pending = [k for k in members if not any(t.key == k and t.promoted == decision_id for t in w.targets)]
-    if pending:
-        b.act(PATCH, targets=pending, decision_id=decision_id)
-        b.progress["waveStartedAt"] = now_rfc3339(w.now)
-        b.events.append(("Normal", "WaveStarted", f"wave {wave + 1}/{len(waves)} ({waves[wave]:g}%): "
-                         f"promoting {', '.join(f'{ns}/{n}' for ns, n in pending)}"))
-        b.requeue = 1.0
-        _mark_promoted(b, members)
+    decision_id = b.s.decision.id if b.s.decision else ""
+    b.s.current_wave = wave + 1
+    broken = [t for t in w.targets if t.key in members and t.promoted and t.rollout_failed]
+    if broken:
+        t = broken[0]
+        _roll_back(b, "RolloutFailed", f"wave {wave + 1}: {t.namespace}/{t.name} did not roll out "
+                                       f"({t.rollout_failed})")
         return
-    _mark_promoted(b, members)
+    pending = [k for k in members if not any(t.key == k and t.promoted == decision_id for t in w.targets)]
+    _mark_promoted(b, members, wave)
+    if pending:
+        b.act(ActionKind.PROMOTE, targets=pending, decision_id=decision_id)
+        p.wave_started_at = w.now
+        b.events.append(("Normal", "WaveStarted", f"wave {wave + 1}/{len(waves)} ({waves[wave]}%): "
+                         f"promoting {', '.join(f'{ns}/{n}' for ns, n in pending)}"))
+        b.wait(b.w.poll_s)
+        return
     if not all(t.rolled_out for t in w.targets if t.key in members):
-        b.cond("WaveReady", False, "RollingOut", f"wave {wave + 1}: waiting for the rollout")
-        b.requeue = 2.0
+        limit = spec.promotion.rollout_deadline
+        if b.since(p.wave_started_at) >= limit:
+            late = [f"{t.namespace}/{t.name}" for t in w.targets if t.key in members and not t.rolled_out]
+            _roll_back(b, "RolloutTimeout", f"wave {wave + 1}: {', '.join(late)} not available within "
+                                            f"promotion.rolloutDeadline ({_seconds(limit):g}s)")
+            return
+        b.fact(C.WaveReady, False, "RollingOut", f"wave {wave + 1}: waiting for the rollout")
+        b.wait(b.w.poll_s)
         return
     if w.guard is not None and w.guard.regressed:
         _roll_back(b, "GuardRegression", f"wave {wave + 1}: {w.guard.message}")
         return
     _guard_load(b, wave)
     if w.guard is not None:
-        b.status["guard"] = {"wave": wave + 1, "message": w.guard.message, "enoughData": w.guard.enough_data}
-    wave_guard = _seconds(getattr(w.spec.promotion, "wave_duration", None) or 0)
-    if _guard_holds(b, "waveStartedAt", wave_guard, f"wave {wave + 1}"):
-        b.cond("WaveReady", True, "Guarding", f"wave {wave + 1} rolled out; guarding it before the next wave")
+        b.s.guard = GuardStatus(wave=wave + 1, message=w.guard.message, enough_data=w.guard.enough_data)
+    if _must_keep_guarding(b, p.wave_started_at, spec.promotion.wave_duration, f"wave {wave + 1}"):
         return
+    b.fact(C.WaveReady, True, "Passed", f"wave {wave + 1} rolled out and passed its guard")
     if wave + 1 < len(waves):
-        b.act(DELETE_LOAD)
-        b.progress.update({"wave": wave + 1, "waveStartedAt": now_rfc3339(w.now)})
-        b.requeue = 0.2
+        b.act(ActionKind.DELETE_LOAD)
+        p.wave, p.wave_started_at, p.load_run = wave + 1, w.now, (p.load_run or 0) + 1
+        b.wait(0)
         return
-    b.progress["guardStartedAt"] = now_rfc3339(w.now)
-    b.go(GUARDING, "AllWavesPromoted", f"all {len(waves)} waves promoted; guarding for "
-         f"{_seconds(w.spec.promotion.guard.duration):g}s")
+    p.guard_started_at = w.now
+    p.load_run = (p.load_run or 0) + 1
+    b.act(ActionKind.DELETE_LOAD)
+    b.go(Phase.Guarding, "AllWavesPromoted", f"all {len(waves)} waves promoted; guarding for "
+         f"{_seconds(spec.promotion.guard.duration):g}s")
+    b.wait(0)
 
 
-def _mark_promoted(b: _Builder, members: list[tuple[str, str]]) -> None:
+def _mark_promoted(b: _Pass, members: list[tuple[str, str]], wave: int) -> None:
     rows = []
-    for row in b.status.get("targets") or []:
-        rows.append({**row, "promoted": (row["namespace"], row["name"]) in members})
-    b.status["targets"] = rows
+    for row in b.s.targets or []:
+        on = (row.namespace, row.name) in members
+        rows.append(row.model_copy(update={"promoted": on, "wave": (row.wave or wave + 1) if on else None}))
+    b.s.targets = rows
 
 
-def _guard_holds(b: _Builder, since_key: str, duration: float, what: str) -> bool:
+def _must_keep_guarding(b: _Pass, since: datetime | None, duration: timedelta, what: str) -> bool:
     """Whether a wave (or the final guard) must keep watching: until its duration has passed AND
-    the comparison has enough data. No data never counts as a pass: past the analysis deadline
-    without data the rollout is rolled back (in `_no_guard_data`)."""
+    the comparison has enough data. No data never counts as a pass: without data by the analysis
+    deadline the rollout is rolled back. Returns True when the pass is over (waiting or rolled back)."""
     w = b.w
-    b.requeue = 2.0
     enough = w.guard is not None and w.guard.enough_data
-    if b.elapsed(since_key) < duration:
+    b.fact(C.GuardData, enough, "Enough" if enough else "WaitingForData",
+           w.guard.message if w.guard is not None else f"{what}: no guard comparison yet")
+    if b.since(since) < duration:
+        if b.phase == Phase.Promoting:
+            b.fact(C.WaveReady, True, "Guarding", f"{what} rolled out; guarding it")
+        b.wait(b.w.poll_s)
         return True
     if enough:
         return False
-    if b.elapsed(since_key) >= _seconds(w.spec.analysis.deadline):
+    if b.since(since) >= b.spec.analysis.deadline:
         _roll_back(b, "GuardNoData", f"{what} had no usable comparison by the analysis deadline "
-                                     f"({(w.guard.message if w.guard else 'no guard data')}); not promoting blind")
+                                     f"({w.guard.message if w.guard else 'no guard data'}); not promoting blind")
         return True
-    b.cond("GuardData", False, "WaitingForData", f"{what}: waiting for enough guard data before going on")
+    b.wait(b.w.poll_s)
     return True
 
 
-def _guard_load(b: _Builder, wave: int) -> None:
-    """In sweep mode the guard drives a promoted pod and the control at the largest measured
-    batch size, where a throughput regression would show."""
-    if b.w.spec.load.mode == "sweep":
-        b.act(ENSURE_GUARD_LOAD, wave=wave, batch_size=max(batch_sizes(b.w)))
+def _guard_load(b: _Pass, wave: int) -> None:
+    """The guard drives a promoted pod and the control at the largest measured batch size, where a
+    throughput regression would show."""
+    b.act(ActionKind.ENSURE_GUARD_LOAD, wave=wave, batch_size=max(b.p.batch_sizes or [1]), run=b.p.load_run or 0)
 
 
-def _guarding(b: _Builder) -> None:
-    w = b.w
+def _guarding(b: _Pass) -> None:
+    w, spec = b.w, b.spec
     if w.guard is not None and w.guard.regressed:
         _roll_back(b, "GuardRegression", w.guard.message)
         return
-    _guard_load(b, int(b.progress.get("wave", 0)))
+    _guard_load(b, b.p.wave or 0)
     if w.guard is not None:
-        b.status["guard"] = {"wave": None, "message": w.guard.message, "enoughData": w.guard.enough_data}
-    if _guard_holds(b, "guardStartedAt", _seconds(w.spec.promotion.guard.duration), "the guard"):
+        b.s.guard = GuardStatus(wave=None, message=w.guard.message, enough_data=w.guard.enough_data)
+    if _must_keep_guarding(b, b.p.guard_started_at, spec.promotion.guard.duration, "the guard"):
         return
-    b.act(DELETE_ROLES)
-    b.act(DELETE_LOAD)
-    reason = (b.status.get("decision") or {}).get("reason", "")
-    b.go(SUCCEEDED, "GuardPassed", f"guard passed; lookahead stays on. {reason}".strip())
+    reason = b.s.decision.reason if b.s.decision else ""
+    b.act(ActionKind.DELETE_ROLES)
+    b.act(ActionKind.DELETE_LOAD)
+    b.go(Phase.Succeeded, "GuardPassed", f"guard passed; lookahead stays on. {reason}".strip())
 
 
-def _roll_back(b: _Builder, reason: str, message: str) -> Plan:
+def _clean_up(b: _Pass) -> list[tuple[str, str]]:
+    """Put the cluster back exactly: promoted targets restored, our objects deleted, targets released.
+    Returns what was restored."""
     w = b.w
-    b.actions = [a for a in b.actions if a.kind not in (ENSURE_ROLES, ENSURE_LOAD, ENSURE_GUARD_LOAD)]
-    promoted = [t.key for t in w.targets if t.promoted]
+    b.actions = [a for a in b.actions if a.kind not in (ActionKind.ENSURE_ROLES, ActionKind.ENSURE_LOAD,
+                                                         ActionKind.ENSURE_GUARD_LOAD, ActionKind.PROMOTE)]
+    promoted = [t.key for t in w.targets if t.owner == w.key and t.promoted]
     if promoted:
-        b.act(RESTORE, targets=promoted)
-    b.act(DELETE_LOAD)
-    b.act(DELETE_ROLES)
-    b.act(RELEASE, targets=[t.key for t in w.targets])
-    b.status["rollback"] = {"reason": reason, "message": message, "at": now_rfc3339(w.now),
-                            "restored": [f"{ns}/{n}" for ns, n in promoted]}
-    _mark_promoted(b, [])
-    b.go(ROLLED_BACK, reason, message + (f"; restored {len(promoted)} Deployment(s) to their saved templates"
-                                          if promoted else "; the fleet was not touched"), warning=True)
-    return b.plan()
+        b.act(ActionKind.RESTORE, targets=promoted)
+    b.act(ActionKind.DELETE_LOAD)
+    b.act(ActionKind.DELETE_ROLES)
+    # (the handler releases only what this policy owns and never drops a promoted one's saved template)
+    b.act(ActionKind.RELEASE, targets=[t.key for t in w.targets])
+    b.s.targets = [r.model_copy(update={"promoted": False}) for r in b.s.targets or []] or None
+    return promoted
+
+
+def _stop(b: _Pass, phase: Phase, reason: str, message: str, warning: bool = True) -> None:
+    """End in ``phase`` with the fleet as it was (nothing promoted may remain)."""
+    restored = _clean_up(b)
+    if restored:
+        message += f"; restored {len(restored)} Deployment(s) to their saved templates"
+    b.go(phase, reason, message, warning=warning)
+
+
+def _roll_back(b: _Pass, reason: str, message: str) -> None:
+    restored = _clean_up(b)
+    b.s.rollback = RollbackStatus(reason=reason, message=message, at=b.w.now,
+                                  restored=[f"{ns}/{n}" for ns, n in restored] or None)
+    b.go(Phase.RolledBack, reason, message + (f"; restored {len(restored)} Deployment(s) to their saved templates"
+                                               if restored else "; the fleet was not touched"), warning=True)
 
 
 _PHASES = {
-    PENDING: _pending,
-    PREFLIGHT: _preflight,
-    LAUNCHING: _launching,
-    MEASURING: _measuring,
-    DECIDING: _deciding,
-    PROMOTING: _promoting,
-    GUARDING: _guarding,
+    Phase.Pending: _pending,
+    Phase.Preflight: _preflight,
+    Phase.Launching: _launching,
+    Phase.Measuring: _measuring,
+    Phase.Deciding: _deciding,
+    Phase.Promoting: _promoting,
+    Phase.Guarding: _guarding,
 }
+
+
+# --- deletion -------------------------------------------------------------------------------------
+
+def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str) -> list[Action]:
+    """What deleting a policy does (pure): its canary, control and load Jobs go. Mid-rollout
+    (Promoting or Guarding) promoted Deployments are restored to their saved templates, since no
+    guard will watch them any more; after Succeeded lookahead stays on and only our ownership mark
+    goes (the saved template stays, to put back by hand); never-promoted targets are released."""
+    ours = [t for t in targets if t.owner == me]
+    promoted = [t.key for t in ours if t.promoted]
+    plan = [Action(ActionKind.DELETE_LOAD), Action(ActionKind.DELETE_ROLES)]
+    if promoted and status.phase in MID_ROLLOUT | {Phase.Pending, Phase.Preflight, Phase.Launching,
+                                                   Phase.Measuring, Phase.Deciding}:
+        plan.append(Action(ActionKind.RESTORE, targets=tuple(sorted(promoted))))
+    elif promoted:
+        plan.append(Action(ActionKind.DISOWN, targets=tuple(sorted(promoted))))
+    rest = [t.key for t in ours if not t.promoted]
+    if rest:
+        plan.append(Action(ActionKind.RELEASE, targets=tuple(sorted(rest))))
+    return plan

@@ -47,7 +47,6 @@ __all__ = [
     "SequentialComparison",
     "log_ratio_confidence_sequence",
     "mixture_half_width",
-    "parse_fraction",
 ]
 
 
@@ -61,16 +60,6 @@ class Verdict(str, Enum):
 class Direction(str, Enum):
     LOWER_IS_BETTER = "lower"  # per-token latency, TTFT
     HIGHER_IS_BETTER = "higher"  # throughput
-
-
-def parse_fraction(value: float | str) -> float:
-    """'2%' -> 0.02, '0.02' -> 0.02, 0.02 -> 0.02 (what the CRD's percentage fields carry)."""
-    if isinstance(value, str):
-        s = value.strip()
-        if s.endswith("%"):
-            return float(s[:-1]) / 100.0
-        return float(s)
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -89,20 +78,6 @@ class Thresholds:
             raise ValueError("thresholds must be >= 0")
         if self.min_samples < 2:
             raise ValueError("min_samples must be >= 2 (a variance needs two samples)")
-
-    @classmethod
-    def from_policy(cls, analysis: dict) -> "Thresholds":
-        """From the policy's `spec.analysis` (camelCase, values like '2%')."""
-        kw = {}
-        if "minLatencyImprovement" in analysis:
-            kw["min_latency_improvement"] = parse_fraction(analysis["minLatencyImprovement"])
-        if "maxThroughputRegression" in analysis:
-            kw["max_throughput_regression"] = parse_fraction(analysis["maxThroughputRegression"])
-        if "confidence" in analysis:
-            kw["confidence"] = parse_fraction(analysis["confidence"])
-        if "minSamples" in analysis:
-            kw["min_samples"] = int(analysis["minSamples"])
-        return cls(**kw)
 
 
 def mixture_half_width(info: np.ndarray | float, alpha: float, tau: float) -> np.ndarray | float:

@@ -48,7 +48,7 @@ class OperatorProcess:
     def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"operator-{self.starts}.log", "wb")
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "LOOKAHEAD_TICK_SECONDS": "1",
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "LOOKAHEAD_POLL_SECONDS": "1",
                "LOOKAHEAD_METRICS_PORT": str(self.metrics_port), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1",
                "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from lookahead_operator import models
-from lookahead_operator.models import LookaheadPolicySpec, LookaheadPolicyStatus
+from lookahead_operator.models import LookaheadPolicy, LookaheadPolicySpec, LookaheadPolicyStatus
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +119,8 @@ def test_example_policy_is_accepted_with_defaults(objects, namespace):
     # Fields the example leaves out were filled in by the apiserver from the CRD's defaults.
     assert spec["lookahead"]["numSpeculativeTokens"] == 4
     assert spec["lookahead"]["promptLookupMin"] == 2 and spec["lookahead"]["promptLookupMax"] == 5
-    assert spec["load"]["warmup"] == "30s" and spec["load"]["minSamplesPerStep"] == 50
+    assert spec["load"]["warmup"] == "30s" and spec["load"]["minSamplesPerStep"] == 10
+    assert spec["analysis"]["sampleInterval"] == "5s" and spec["promotion"]["rolloutDeadline"] == "10m"
     assert spec["promotion"]["waveDuration"] == "5m" and spec["promotion"]["requireApproval"] is False
     # The operator reads exactly what the apiserver stores, and the two agree on every default.
     model = LookaheadPolicySpec.model_validate(spec)
@@ -220,6 +221,22 @@ INVALID = {
     "wave-above-100": ({"promotion.waves": ["10%", "150%"]}, "spec.promotion.waves[1]"),
     "unknown-promotion-mode": ({"promotion.mode": "yolo"}, "spec.promotion.mode"),
     "bad-guard-duration": ({"promotion.guard": {"duration": "forever"}}, "spec.promotion.guard.duration"),
+    # physics: a spec that can never reach a verdict
+    "step-too-short-for-samples": ({"load.stepDuration": "1m", "load.warmup": "30s", "load.minSamplesPerStep": 10},
+                                   "spec.load.minSamplesPerStep"),
+    "sample-interval-too-long": ({"analysis.sampleInterval": "30s"}, "spec.load.minSamplesPerStep"),
+    "sample-interval-below-1s": ({"analysis.sampleInterval": "500ms"}, "spec.analysis.sampleInterval"),
+    "deadline-too-short-for-sweep": ({"load.batchSizes": [1, 2, 4, 8], "analysis.deadline": "6m"},
+                                     "spec.analysis.deadline"),
+    "latency-improvement-100pct": ({"analysis.minLatencyImprovement": "100%"}, "spec.analysis.minLatencyImprovement"),
+    # label selectors validated as Kubernetes validates them
+    "selector-bad-label-value": ({"targets.selector": {"matchLabels": {"app": "llm chat!"}}},
+                                 "spec.targets.selector.matchLabels.app"),
+    "selector-bad-label-key": ({"targets.selector": {"matchLabels": {"bad key": "x"}}},
+                               "spec.targets.selector.matchLabels"),
+    "selector-bad-expression-value": ({"targets.selector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["ok", "not ok"]}]}},
+        "spec.targets.selector.matchExpressions[0].values[1]"),
 }
 
 
@@ -245,6 +262,21 @@ def test_invalid_policy_is_rejected_by_the_apiserver(objects, namespace, case):
     # And the Python model refuses the same body (the two validators agree).
     with pytest.raises(ValueError):
         LookaheadPolicySpec.model_validate(body["spec"])
+
+
+@pytest.mark.parametrize("length", [64, 253])
+def test_a_name_too_long_for_a_label_value_is_refused_at_apply(objects, namespace, length):
+    """Kubernetes allows 253-character names; the policy's name is a label value (63 at most) on
+    everything it creates, so longer names are refused before anything can half-work."""
+    name = ("p" + "-x" * 200)[:length]
+    body = example_body(name, namespace)
+    with pytest.raises(ApiException) as err:
+        objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    assert err.value.status == 422 and "metadata.name must be at most 63" in err.value.body
+    with pytest.raises(ValueError, match="at most 63"):
+        LookaheadPolicy.from_body(body)
+    ok = example_body(f"{name[:59].rstrip('-')}-{length}", namespace)  # a name that fits is accepted
+    objects.create_namespaced_custom_object(G, V, namespace, P, ok)
 
 
 def test_enough_invalid_cases():

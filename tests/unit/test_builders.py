@@ -125,8 +125,8 @@ def test_wave_members_cumulative(n, waves, expected):
 
 
 def test_load_job_shape():
-    j = b.build_load_job(POLICY, "inference", "canary", 2, 8, "http://10.0.0.5:8080", 120, "img:1", "chat")
+    j = b.build_load_job(POLICY, "inference", "canary", 2, 5, 8, "http://10.0.0.5:8080", 120, "img:1", "chat")
     c = j["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][:4] == ["--url", "http://10.0.0.5:8080", "--concurrency", "8"]
-    assert j["metadata"]["labels"][b.LABEL_STEP] == "2"
+    assert j["metadata"]["labels"][b.LABEL_STEP] == "2" and j["metadata"]["labels"][b.LABEL_RUN] == "5"
     assert j["spec"]["template"]["spec"]["restartPolicy"] == "Never"

@@ -1,30 +1,45 @@
 from datetime import datetime, timedelta, timezone
 
-from lookahead_operator.conditions import get_condition, set_condition
+from lookahead_operator.conditions import Fact, derive, get
+from lookahead_operator.models import ConditionType as C
+from lookahead_operator.models import LookaheadPolicyStatus, Phase
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
-def test_new_condition_gets_transition_time_and_generation():
-    conds = set_condition([], "Accepted", True, "Valid", "ok", 3, T0)
-    assert conds == [{"type": "Accepted", "status": "True", "reason": "Valid", "message": "ok",
-                      "lastTransitionTime": "2026-11-30T12:00:00Z", "observedGeneration": 3}]
+def test_new_condition_gets_transition_time_and_generation_and_ready_follows_the_phase():
+    conds = derive([], {C.Accepted: Fact(True, "Valid", "ok")}, Phase.Measuring, "measuring", 3, T0)
+    wire = LookaheadPolicyStatus(conditions=conds).to_dict()["conditions"]
+    assert wire[0] == {"type": "Accepted", "status": "True", "reason": "Valid", "message": "ok",
+                       "lastTransitionTime": "2026-11-30T12:00:00Z", "observedGeneration": 3}
+    assert get(conds, C.Ready).status == "False" and get(conds, C.Ready).reason == "Measuring"
+    done = derive(conds, {}, Phase.Succeeded, "guard passed", 3, T0 + timedelta(minutes=1))
+    assert get(done, C.Ready).status == "True"
 
 
 def test_transition_time_moves_only_when_status_changes():
-    conds = set_condition([], "Ready", False, "Waiting", "a", 1, T0)
-    same = set_condition(conds, "Ready", False, "StillWaiting", "b", 2, T0 + timedelta(minutes=5))
-    assert get_condition(same, "Ready")["lastTransitionTime"] == "2026-11-30T12:00:00Z"
-    assert get_condition(same, "Ready")["reason"] == "StillWaiting"
-    assert get_condition(same, "Ready")["observedGeneration"] == 2
-    flipped = set_condition(same, "Ready", True, "Done", "c", 2, T0 + timedelta(minutes=7))
-    assert get_condition(flipped, "Ready")["lastTransitionTime"] == "2026-11-30T12:07:00Z"
+    conds = derive([], {C.RolesReady: Fact(False, "Waiting", "a")}, Phase.Launching, "", 1, T0)
+    same = derive(conds, {C.RolesReady: Fact(False, "StillWaiting", "b")}, Phase.Launching, "", 2,
+                  T0 + timedelta(minutes=5))
+    c = get(same, C.RolesReady)
+    assert c.last_transition_time == T0 and c.reason == "StillWaiting" and c.observed_generation == 2
+    flipped = derive(same, {C.RolesReady: Fact(True, "Ready", "c")}, Phase.Launching, "", 2,
+                     T0 + timedelta(minutes=7))
+    assert get(flipped, C.RolesReady).last_transition_time == T0 + timedelta(minutes=7)
 
 
-def test_other_conditions_are_kept_and_input_not_mutated():
-    conds = set_condition([], "A", True, "r", "m", 1, T0)
-    conds = set_condition(conds, "B", False, "r", "m", 1, T0)
-    before = [dict(c) for c in conds]
-    set_condition(conds, "A", False, "x", "y", 2, T0)
+def test_phase_scoped_conditions_disappear_outside_their_phases():
+    conds = derive([], {C.WaveReady: Fact(True, "Guarding", "wave 1"), C.GuardData: Fact(True, "Enough", "")},
+                   Phase.Promoting, "", 1, T0)
+    assert get(conds, C.WaveReady) is not None
+    after = derive(conds, {C.WaveReady: Fact(True, "Guarding", "late fact")}, Phase.RolledBack, "", 1, T0)
+    assert get(after, C.WaveReady) is None and get(after, C.GuardData) is None
+
+
+def test_input_is_not_mutated_and_order_is_stable():
+    conds = derive([], {C.Paused: Fact(False, "Running", ""), C.Accepted: Fact(True, "Valid", "")},
+                   Phase.Pending, "", 1, T0)
+    before = [c.model_copy() for c in conds]
+    derive(conds, {C.Accepted: Fact(False, "InvalidSpec", "x")}, Phase.Failed, "", 2, T0)
     assert conds == before
-    assert [c["type"] for c in set_condition(conds, "A", False, "x", "y", 2, T0)] == ["A", "B"]
+    assert [c.type for c in conds] == ["Accepted", "Paused", "Ready"]

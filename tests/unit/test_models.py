@@ -4,6 +4,7 @@ name the field) and, in the second part, load_model (lookahead_canary.models).""
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,8 @@ from lookahead_operator.models import (
     LookaheadPolicySpec,
     LookaheadPolicyStatus,
     Phase,
-    format_duration,
-    parse_duration,
-    parse_percent,
 )
+from lookahead_canary.units import format_duration, parse_duration, parse_fraction, parse_percent
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-fleet.yaml"
 MINIMAL = {"targets": {"selector": {"matchLabels": {"app": "llm-chat"}}}}
@@ -64,16 +63,27 @@ def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("bad", ["2 minutes", "2", "m", "1d", "-5m", "", "2M", None, True])
+@pytest.mark.parametrize("bad", ["2 minutes", "m", "1d", "-5m", "", "2M", None, True])
 def test_parse_duration_rejects(bad):
     with pytest.raises(ValueError):
         parse_duration(bad)
 
 
 def test_format_duration_round_trips():
-    for s in (5400, 120, 45, 3661):
+    for s in (5400, 120, 45, 3661, 0.5, 90.25):
         assert parse_duration(format_duration(s)) == s
-    assert format_duration(0) == "0s"
+    assert format_duration(0) == "0s" and format_duration(5400) == "1h30m" and format_duration(0.5) == "500ms"
+
+
+def test_parse_fraction_is_the_command_line_spelling():
+    assert parse_fraction("0.3") == 0.3 and parse_fraction("12.5%") == 0.125 and parse_fraction(0.02) == 0.02
+    with pytest.raises(ValueError):
+        parse_fraction("two")
+
+
+def test_a_bare_number_of_seconds_is_not_a_crd_duration():
+    with pytest.raises(ValidationError, match="stepDuration|step_duration"):
+        LookaheadPolicySpec.model_validate(spec_with(**{"load.stepDuration": "120"}))
 
 
 # ------------------------------------------------------------------------------------------
@@ -89,14 +99,17 @@ def test_defaults_match_the_design_sketch():
     assert spec.canary.replicas == 1
     assert spec.load.mode == "sweep" and spec.load.auto_batch_sizes and spec.load.batch_sizes is None
     assert spec.load.prompts.builtin == "chat" and spec.load.prompts.config_map_ref is None
-    assert spec.load.step_seconds == 120 and spec.load.warmup_seconds == 30 and spec.load.min_samples_per_step == 50
+    assert spec.load.step_duration == timedelta(minutes=2) and spec.load.warmup == timedelta(seconds=30)
+    assert spec.load.min_samples_per_step == 10
     an = spec.analysis
     assert an.prometheus.url == "http://prometheus.monitoring:9090"
-    assert an.max_throughput_regression_pct == 2.0 and an.min_latency_improvement_pct == 5.0
-    assert an.confidence == 0.99 and an.deadline_seconds == 1800
+    assert an.max_throughput_regression == pytest.approx(0.02) and an.min_latency_improvement == pytest.approx(0.05)
+    assert an.confidence == 0.99 and an.deadline == timedelta(minutes=30)
+    assert an.sample_interval == timedelta(seconds=5) and spec.samples_per_step() == 18
     pr = spec.promotion
-    assert pr.mode == "regimeAware" and pr.wave_percents == [10, 50, 100]
-    assert pr.guard_seconds == 600 and pr.guard.max_throughput_regression is None and pr.require_approval is False
+    assert pr.mode == "regimeAware" and pr.waves == [10, 50, 100] and pr.rollout_deadline == timedelta(minutes=10)
+    assert pr.guard.duration == timedelta(minutes=10) and pr.guard.max_throughput_regression is None
+    assert pr.require_approval is False
     assert spec.paused is False
 
 
@@ -105,7 +118,8 @@ def test_example_policy_validates():
     policy = LookaheadPolicy.from_body(body)
     assert policy.metadata["name"] == "chat-fleet"
     assert policy.spec.targets.namespace_selector.match_labels == {"tier": "serving"}
-    assert policy.spec.promotion.waves == ["10%", "50%", "100%"]
+    assert policy.spec.promotion.waves == [10, 50, 100]
+    assert policy.spec.to_dict()["promotion"]["waves"] == ["10%", "50%", "100%"]
 
 
 def test_wire_form_is_camel_case_and_round_trips():
@@ -137,11 +151,14 @@ def test_fingerprint_ignores_paused_only():
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
 
 
-def test_percent_values_keep_their_spelling():
+def test_percent_values_are_fractions_written_back_as_percent_strings():
     spec = LookaheadPolicySpec.model_validate(spec_with(**{"analysis.maxThroughputRegression": 3,
                                                            "analysis.minLatencyImprovement": "7.5%"}))
-    assert spec.to_dict()["analysis"]["maxThroughputRegression"] == 3
-    assert spec.analysis.min_latency_improvement_pct == 7.5
+    assert spec.analysis.max_throughput_regression == pytest.approx(0.03)
+    assert spec.analysis.min_latency_improvement == pytest.approx(0.075)
+    wire = spec.to_dict()["analysis"]
+    assert wire["maxThroughputRegression"] == "3%" and wire["minLatencyImprovement"] == "7.5%"
+    assert LookaheadPolicySpec.model_validate(spec.to_dict()) == spec
 
 
 def test_speculative_config_per_method():

@@ -1,29 +1,55 @@
+"""The lifecycle state machine, driven with real specs parsed from YAML (the shipped example and
+variations of it), so every default is the one a user gets."""
+
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from types import SimpleNamespace as NS
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lookahead_operator import statemachine as sm
+from lookahead_operator.models import (
+    BatchResult,
+    ConditionType,
+    Decision,
+    LookaheadPolicy,
+    LookaheadPolicySpec,
+    LookaheadPolicyStatus,
+    Phase,
+    PreflightStatus,
+)
+from lookahead_operator.statemachine import ActionKind as K
 
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "chat-fleet.yaml"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
-def spec(**over):
-    s = NS(
-        paused=False,
-        load=NS(mode="sweep", batch_sizes=[1, 8], step_duration=60.0),
-        analysis=NS(deadline=600.0),
-        promotion=NS(mode="regimeAware", waves=["50%", "100%"], wave_duration="10s", guard=NS(duration="20s"), require_approval=False),
-    )
-    for k, v in over.items():
-        setattr(s, k, v)
-    return s
+def example_spec(**edits) -> LookaheadPolicySpec:
+    """The shipped example's spec, with dotted-path edits ("load.batchSizes": [1, 8])."""
+    body = yaml.safe_load(EXAMPLE.read_text())
+    for path, value in edits.items():
+        node = body["spec"]
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return LookaheadPolicy.from_body(body).spec
+
+
+# The example with an explicit sweep of two batch sizes (the example itself leaves it on auto).
+SPEC = example_spec(**{"load.batchSizes": [1, 8]})
+STEP = SPEC.load.step_duration                  # 2m, the default
+DEADLINE = SPEC.analysis.deadline               # 30m
+ROLLOUT = SPEC.promotion.rollout_deadline       # 10m
 
 
 def world(status=None, **kw):
-    base = dict(now=T0, name="p", namespace="ns", generation=1, fingerprint="fp1", spec=spec(), status=status or {},
-                targets=[sm.Target("ns", "a", "reference"), sm.Target("ns", "b", "reference")])
+    base = dict(now=T0, name="chat-fleet", namespace="inference", generation=1, fingerprint=SPEC.fingerprint(),
+                spec=SPEC, status=status or LookaheadPolicyStatus(),
+                targets=[sm.Target("serving", "a", "reference", owner="inference/chat-fleet"),
+                         sm.Target("serving", "b", "reference", owner="inference/chat-fleet")])
     base.update(kw)
     return sm.Observed(**base)
 
@@ -32,221 +58,396 @@ def kinds(plan):
     return [a.kind for a in plan.actions]
 
 
+def cond(status, type_):
+    return next((c for c in status.conditions or [] if c.type == type_), None)
+
+
 def run(w, **changes):
-    """Apply a plan's status to the world, as the handler would after writing it."""
+    """Apply a plan's status to the world, as the handler does after writing it."""
     plan = sm.reconcile(w)
     return plan, replace(w, status=plan.status, **changes)
 
 
+def at(w, seconds):
+    return replace(w, now=T0 + timedelta(seconds=seconds))
+
+
+def row(bs, verdict="Wins", n=10):
+    return BatchResult(batch_size=bs, verdict=verdict, samples={"control": n, "canary": n})
+
+
+CANDIDATE = sm.PreflightResult(PreflightStatus(candidate=True, verdict="DecodeBoundIdleCompute"), [1, 8])
+READY = {"canary": True, "control": True}
+
+
+def to_measuring(w):
+    _, w = run(w)                                            # Pending -> Preflight
+    _, w = run(w, preflight=None) if False else run(replace(w, preflight=CANDIDATE), preflight=None)
+    _, w = run(replace(w, roles_ready=READY))                # Launching -> Measuring
+    assert w.status.phase == Phase.Measuring
+    return w
+
+
+def to_deciding(w):
+    w = to_measuring(w)
+    for bs in (1, 8):
+        _, w = run(replace(w, step=sm.StepMeasurement(row(bs), True)), step=None)
+    assert w.status.phase == Phase.Deciding
+    return w
+
+
+def decided(action, **kw):
+    return Decision(action=action, reason=kw.pop("reason", f"{action} for the test"), **kw)
+
+
+# --- admission: examples and defaults can reach a verdict ----------------------------------------
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_loads_and_each_step_can_yield_the_required_samples(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    policies = [LookaheadPolicy.from_body(d) for d in docs if d.get("kind") == "LookaheadPolicy"]
+    assert policies or all(d.get("kind") != "LookaheadPolicy" for d in docs)
+    for p in policies:
+        spec = p.spec
+        window = spec.load.step_duration - spec.load.warmup
+        fits = int(window.total_seconds() // spec.analysis.sample_interval.total_seconds())
+        assert fits >= spec.load.min_samples_per_step, f"{path.name}: {fits} samples < {spec.load.min_samples_per_step}"
+        assert spec.samples_per_step() == fits
+
+
+def test_the_defaults_are_a_working_policy():
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}}})
+    assert spec.samples_per_step() >= spec.load.min_samples_per_step
+    assert spec.analysis.deadline >= spec.load.step_duration
+    assert 0 < spec.analysis.max_throughput_regression < 1 and 0 < spec.analysis.min_latency_improvement < 1
+
+
+@pytest.mark.parametrize("edits, field", [
+    ({"load.stepDuration": "1m", "load.warmup": "30s", "load.minSamplesPerStep": 10}, "minSamplesPerStep"),
+    ({"analysis.sampleInterval": "30s"}, "minSamplesPerStep"),
+    ({"load.batchSizes": [1, 2, 4, 8], "analysis.deadline": "6m"}, "analysis.deadline"),
+    ({"analysis.minLatencyImprovement": "100%"}, "minLatencyImprovement"),
+])
+def test_a_spec_that_cannot_reach_a_verdict_is_refused(edits, field):
+    with pytest.raises(ValueError, match=field):
+        example_spec(**edits)
+
+
+def test_durations_and_percents_are_typed_once():
+    assert SPEC.load.step_duration == timedelta(minutes=2) and SPEC.load.warmup == timedelta(seconds=30)
+    assert SPEC.analysis.max_throughput_regression == pytest.approx(0.02)
+    assert SPEC.promotion.waves == [10, 50, 100]
+    wire = SPEC.to_dict()
+    assert wire["load"]["stepDuration"] == "2m" and wire["analysis"]["maxThroughputRegression"] == "2%"
+    assert LookaheadPolicySpec.model_validate(wire) == SPEC
+
+
+# --- the lifecycle ---------------------------------------------------------------------------------
+
 def test_pending_claims_targets_and_moves_to_preflight():
     plan = sm.reconcile(world())
-    assert plan.status["phase"] == "Preflight"
-    assert kinds(plan) == ["ClaimTargets"]
-    assert plan.actions[0].args["targets"] == [("ns", "a"), ("ns", "b")]
-    assert plan.status["progress"]["fingerprint"] == "fp1"
-    assert any(e[1] == "TargetsClaimed" for e in plan.events)
+    assert plan.status.phase == Phase.Preflight and kinds(plan) == [K.CLAIM]
+    assert plan.actions[0].targets == (("serving", "a"), ("serving", "b"))
+    assert plan.status.progress.fingerprint == SPEC.fingerprint()
 
 
 def test_no_targets_waits_with_condition():
     plan = sm.reconcile(world(targets=[]))
-    assert plan.status.get("phase", "Pending") == "Pending" and plan.actions == []
-    cond = {c["type"]: c for c in plan.status["conditions"]}["TargetsFound"]
-    assert cond["status"] == "False" and cond["reason"] == "NoTargets"
+    assert plan.status.phase == Phase.Pending and plan.actions == []
+    assert cond(plan.status, ConditionType.TargetsFound).reason == "NoTargets"
 
 
 def test_second_policy_on_same_deployment_is_refused():
-    w = world(targets=[sm.Target("ns", "a", owner="ns/other")])
-    plan = sm.reconcile(w)
-    cond = {c["type"]: c for c in plan.status["conditions"]}["TargetsFound"]
-    assert cond["reason"] == "Conflict" and "ns/other" in cond["message"]
-    assert plan.actions == [] and plan.status.get("phase", "Pending") == "Pending"
+    plan = sm.reconcile(world(targets=[sm.Target("serving", "a", owner="other/policy")]))
+    c = cond(plan.status, ConditionType.TargetsFound)
+    assert c.reason == "Conflict" and "other/policy" in c.message and plan.actions == []
 
 
-def test_invalid_spec_fails_with_condition():
-    plan = sm.reconcile(world(spec_error="spec.lookahead.window: must be >= 1"))
-    assert plan.status["phase"] == "Failed"
-    cond = {c["type"]: c for c in plan.status["conditions"]}["Accepted"]
-    assert cond["status"] == "False" and "window" in cond["message"]
+def test_invalid_spec_fails_with_condition_and_touches_nothing():
+    plan = sm.reconcile(world(spec=None, spec_error="spec.lookahead.window: must be >= 1"))
+    assert plan.status.phase == Phase.Failed
+    c = cond(plan.status, ConditionType.Accepted)
+    assert c.status == "False" and "window" in c.message
+    assert K.PROMOTE not in kinds(plan) and K.RESTORE not in kinds(plan)
 
 
 def test_not_a_candidate_releases_and_stops():
     _, w = run(world())
-    plan = sm.reconcile(replace(w, preflight={"candidate": False, "verdict": "PrefillDominated",
-                                              "reasons": ["prefill is 80% of request time"]}))
-    assert plan.status["phase"] == "NotACandidate"
-    assert kinds(plan) == ["ReleaseTargets"]
-    assert "prefill" in plan.status["decision"]["reason"]
+    no = sm.PreflightResult(PreflightStatus(candidate=False, verdict="PrefillDominated",
+                                            reasons=["prefill is 80% of request time"]), [1])
+    plan = sm.reconcile(replace(w, preflight=no))
+    assert plan.status.phase == Phase.NotACandidate and kinds(plan) == [K.RELEASE]
+    assert "prefill" in plan.status.decision.reason and plan.requeue_after is None
 
 
-def full_measure(w, rows_conclusive=True):
-    """Drive a world from Pending through measurement with conclusive steps."""
-    _, w = run(w)
-    _, w = run(w, preflight={"candidate": True, "verdict": "DecodeBoundIdleCompute"})
-    plan, w = run(w, roles_ready={"canary": True, "control": True})
-    assert "EnsureRoles" in kinds(plan)
+def test_auto_batch_sizes_are_cut_to_what_the_deadline_fits():
+    spec = example_spec(**{"analysis.deadline": "4m"})     # 2 steps of 2m
+    _, w = run(world(spec=spec, fingerprint=spec.fingerprint()))
+    many = sm.PreflightResult(PreflightStatus(candidate=True), [1, 4, 16, 32])
+    plan = sm.reconcile(replace(w, preflight=many))
+    assert plan.status.progress.batch_sizes == [1, 4] and "cut to [1, 4]" in plan.status.message
+
+
+def test_measuring_walks_steps_records_rows_and_asks_to_look_at_the_next_sample():
+    w = to_measuring(world())
     plan, w = run(w)
-    assert w.status["phase"] == "Measuring"
-    for bs in (1, 8):
-        step = sm.StepMeasurement({"batchSize": bs, "verdict": "Faster" if bs == 1 else "Slower"}, rows_conclusive)
-        plan, w = run(replace(w, step=step), step=None)
-    return plan, w
+    load = [a for a in plan.actions if a.kind == K.ENSURE_LOAD]
+    assert load and load[0].step == 0 and load[0].batch_size == 1
+    assert plan.requeue_after == SPEC.analysis.sample_interval.total_seconds()
+    plan, w2 = run(replace(w, step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert w2.status.progress.step == 0 and w2.status.batches[0].verdict == "Pending"
+    plan, w3 = run(replace(w2, step=sm.StepMeasurement(row(1), True)), step=None)
+    assert w3.status.progress.step == 1 and K.DELETE_LOAD in kinds(plan)
+    assert [r.batch_size for r in w3.status.batches] == [1]
+    assert w3.status.progress.load_run == w2.status.progress.load_run + 1, "the next step's Jobs get new names"
 
 
-def test_measuring_walks_steps_and_records_rows():
+def test_step_with_data_times_out_a_starved_one_waits_and_the_deadline_ends_measurement():
+    w = to_measuring(world())
+    _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert w.status.progress.step == 1, "enough samples but no answer: the step ends at stepDuration"
+    _, w = run(replace(at(w, 2 * STEP.total_seconds() + 2), step=sm.StepMeasurement(row(8, "Pending", n=3), False)))
+    assert w.status.progress.step == 1 and "waiting for data" in w.status.message, "too few samples: it waits"
+    _, w = run(at(w, DEADLINE.total_seconds() + 1))
+    assert w.status.phase == Phase.Deciding
+
+
+def test_launching_that_never_gets_ready_fails_within_the_rollout_deadline_and_cleans_up():
     _, w = run(world())
-    _, w = run(w, preflight={"candidate": True})
-    _, w = run(w, roles_ready={"canary": True, "control": True})
-    plan, w = run(w)
-    assert w.status["phase"] == "Measuring"
-    plan, w = run(w)
-    assert "EnsureLoadJobs" in kinds(plan) and plan.actions[-1].args == {"step": 0, "batch_size": 1}
-    # an inconclusive sample keeps the step going
-    plan, w2 = run(replace(w, step=sm.StepMeasurement({"batchSize": 1, "verdict": "NotEnoughData"}, False)))
-    assert w2.status["progress"]["step"] == 0 and w2.status["batches"][0]["verdict"] == "NotEnoughData"
-    # a conclusive one moves to the next batch size
-    plan, w3 = run(replace(w2, step=sm.StepMeasurement({"batchSize": 1, "verdict": "Faster"}, True)), step=None)
-    assert w3.status["progress"]["step"] == 1 and "DeleteLoadJobs" in kinds(plan)
-    assert w3.status["batches"] == [{"batchSize": 1, "verdict": "Faster"}]
-
-
-def test_step_times_out_and_deadline_ends_measurement():
-    _, w = run(world())
-    _, w = run(w, preflight={"candidate": True})
-    _, w = run(w, roles_ready={"canary": True, "control": True})
-    _, w = run(w)
-    plan, w = run(replace(w, now=T0 + timedelta(seconds=61)))
-    assert w.status["progress"]["step"] == 1
-    plan, w = run(replace(w, now=T0 + timedelta(seconds=601)))
-    assert w.status["phase"] == "Deciding"
+    _, w = run(replace(w, preflight=CANDIDATE), preflight=None)
+    plan, w = run(at(w, ROLLOUT.total_seconds() - 1))
+    assert w.status.phase == Phase.Launching and cond(w.status, ConditionType.RolesReady).status == "False"
+    plan = sm.reconcile(at(w, ROLLOUT.total_seconds() + 1))
+    assert plan.status.phase == Phase.Failed and plan.status.message.startswith("canary and control were not ready")
+    assert K.DELETE_ROLES in kinds(plan) and K.ENSURE_ROLES not in kinds(plan) and K.PROMOTE not in kinds(plan)
 
 
 def test_rollback_decision_leaves_fleet_untouched():
-    _, w = full_measure(world())
-    assert w.status["phase"] == "Deciding"
-    plan = sm.reconcile(replace(w, decision={"action": "Rollback", "reason": "throughput fell 6% at batch 8"}))
-    assert plan.status["phase"] == "RolledBack"
-    assert "PromoteTargets" not in kinds(plan) and "RestoreTargets" not in kinds(plan)
-    assert "DeleteRoles" in kinds(plan)
+    w = to_deciding(world())
+    plan = sm.reconcile(replace(w, decision=decided("Rollback", reason="throughput fell 6% at batch 8")))
+    assert plan.status.phase == Phase.RolledBack
+    assert K.PROMOTE not in kinds(plan) and K.RESTORE not in kinds(plan) and K.DELETE_ROLES in kinds(plan)
 
 
-def test_inconclusive_never_promotes():
-    _, w = full_measure(world(), rows_conclusive=False)
-    assert w.status["phase"] == "Measuring"
-    _, w = run(replace(w, now=T0 + timedelta(seconds=601)))
-    assert w.status["phase"] == "Deciding"
-    plan = sm.reconcile(replace(w, decision={"action": "Inconclusive", "reason": "deadline"}))
-    assert plan.status["phase"] == "Failed" and "PromoteTargets" not in kinds(plan)
+def promoting(w, action="Promote", **kw):
+    w = to_deciding(w)
+    _, w = run(replace(w, decision=decided(action, **kw)), decision=None)
+    assert w.status.phase == Phase.Promoting
+    return w
 
 
 def test_promotion_in_waves_then_guard_then_success():
-    _, w = full_measure(world())
-    plan, w = run(replace(w, decision={"action": "PromoteRegimeAware", "reason": "wins below 8",
-                                       "crossoverBatchSize": 8}))
-    assert w.status["phase"] == "Promoting" and w.status["crossoverBatchSize"] == 8
-    did = w.status["decision"]["id"]
+    w = promoting(world(), "PromoteRegimeAware", crossover_batch_size=8)
+    assert w.status.crossover_batch_size == 8
+    did = w.status.decision.id
     plan, w = run(w)
-    assert kinds(plan) == ["PromoteTargets"] and plan.actions[0].args["targets"] == [("ns", "a")]
-    # the fleet now shows a promoted; the wave is guarded before the next one
-    a_promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
-    plan, w = run(replace(w, targets=a_promoted, guard=sm.GuardCheck(False, "ok")))
-    assert kinds(plan) == ["EnsureGuardLoad"] and w.status["currentWave"] == 1
-    assert plan.actions[0].args == {"wave": 0, "batch_size": 8}
-    plan, w = run(replace(w, now=T0 + timedelta(seconds=11)))
-    assert kinds(plan) == ["EnsureGuardLoad", "DeleteLoadJobs"]
-    plan, w = run(w)
-    assert kinds(plan) == ["PromoteTargets"] and plan.actions[0].args["targets"] == [("ns", "b")]
-    both = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference", promoted=did)]
-    plan, w = run(replace(w, targets=both, now=T0 + timedelta(seconds=30)))
-    assert w.status["phase"] == "Guarding"
-    plan, w = run(replace(w, now=T0 + timedelta(seconds=60)))
-    assert w.status["phase"] == "Succeeded" and "DeleteRoles" in kinds(plan)
-    assert all(t["promoted"] for t in w.status["targets"])
+    # waves 10%, 50%, 100% of two Deployments: a, then a (already), then b
+    assert kinds(plan) == [K.PROMOTE] and plan.actions[0].targets == (("serving", "a"),)
+    a_done = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+              sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    plan, w = run(replace(w, targets=a_done, guard=sm.GuardCheck(False, "ok")))
+    assert kinds(plan) == [K.ENSURE_GUARD_LOAD] and w.status.current_wave == 1
+    assert cond(w.status, ConditionType.WaveReady).status == "True"
+    wave = SPEC.promotion.wave_duration.total_seconds()
+    plan, w = run(at(w, wave + 1))
+    assert w.status.progress.wave == 1 and K.DELETE_LOAD in kinds(plan)
+    plan, w = run(at(w, wave + 2))                           # wave 2 (50%) is still just a
+    plan, w = run(at(w, 2 * wave + 3))
+    assert w.status.progress.wave == 2
+    plan, w = run(at(w, 2 * wave + 4))
+    assert kinds(plan) == [K.PROMOTE] and plan.actions[0].targets == (("serving", "b"),)
+    both = [replace(t, promoted=did) for t in a_done]
+    plan, w = run(replace(at(w, 3 * wave + 5), targets=both))
+    assert w.status.phase == Phase.Guarding
+    plan, w = run(at(w, 3 * wave + 6 + SPEC.promotion.guard.duration.total_seconds()))
+    assert w.status.phase == Phase.Succeeded and K.DELETE_ROLES in kinds(plan)
+    assert all(t.promoted for t in w.status.targets) and plan.requeue_after is None
+    assert cond(w.status, ConditionType.Ready).status == "True"
+
+
+def test_promoted_template_that_never_becomes_available_is_restored_within_the_rollout_deadline():
+    w = promoting(world())
+    did = w.status.decision.id
+    _, w = run(w)
+    stuck = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did, rolled_out=False),
+             sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    plan, w2 = run(replace(at(w, 60), targets=stuck))
+    assert w2.status.phase == Phase.Promoting and cond(w2.status, ConditionType.WaveReady).reason == "RollingOut"
+    plan = sm.reconcile(replace(at(w, ROLLOUT.total_seconds() + 1), targets=stuck, status=w2.status))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "RolloutTimeout"
+    assert kinds(plan)[0] == K.RESTORE and plan.actions[0].targets == (("serving", "a"),)
+    assert cond(plan.status, ConditionType.WaveReady) is None
+
+
+def test_progress_deadline_exceeded_rolls_back_at_once():
+    w = promoting(world())
+    did = w.status.decision.id
+    _, w = run(w)
+    broken = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did, rolled_out=False,
+                        rollout_failed='ReplicaSet "a-1" has timed out progressing.'),
+              sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    plan = sm.reconcile(replace(at(w, 5), targets=broken))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "RolloutFailed"
+    assert "timed out progressing" in plan.status.rollback.message and kinds(plan)[0] == K.RESTORE
 
 
 def test_guard_regression_restores_promoted_targets():
-    _, w = full_measure(world())
-    _, w = run(replace(w, decision={"action": "Promote", "reason": "wins everywhere"}))
-    did = w.status["decision"]["id"]
+    w = promoting(world())
+    did = w.status.decision.id
     _, w = run(w)
-    promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
+    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
     plan = sm.reconcile(replace(w, targets=promoted, guard=sm.GuardCheck(True, "throughput -7% [-9%, -5%]")))
-    assert plan.status["phase"] == "RolledBack"
-    assert kinds(plan)[0] == "RestoreTargets" and plan.actions[0].args["targets"] == [("ns", "a")]
-    assert kinds(plan).index("RestoreTargets") < kinds(plan).index("ReleaseTargets")
-    assert "-7%" in plan.status["rollback"]["message"]
+    assert plan.status.phase == Phase.RolledBack and kinds(plan)[0] == K.RESTORE
+    assert kinds(plan).index(K.RESTORE) < kinds(plan).index(K.RELEASE)
+    assert "-7%" in plan.status.rollback.message
+
+
+def test_guard_without_data_rolls_back_at_the_deadline_and_never_says_wave_ready():
+    w = promoting(world())
+    did = w.status.decision.id
+    _, w = run(w)
+    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    no_data = sm.GuardCheck(False, "guard: not enough data yet", enough_data=False)
+    wave = SPEC.promotion.wave_duration.total_seconds()
+    _, w2 = run(replace(at(w, wave + 1), targets=promoted, guard=no_data))
+    assert w2.status.phase == Phase.Promoting and w2.status.progress.wave == 0, "no data is not a pass"
+    assert cond(w2.status, ConditionType.GuardData).reason == "WaitingForData"
+    plan = sm.reconcile(replace(w2, now=T0 + DEADLINE + timedelta(seconds=1)))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "GuardNoData"
+    assert kinds(plan)[0] == K.RESTORE
+    assert cond(plan.status, ConditionType.WaveReady) is None
 
 
 def test_analysis_only_never_touches_fleet():
-    w0 = world(spec=spec(promotion=NS(mode="analysisOnly", waves=[100], guard=NS(duration=1), require_approval=False)))
-    _, w = full_measure(w0)
-    plan = sm.reconcile(replace(w, decision={"action": "Promote", "reason": "wins"}))
-    assert plan.status["phase"] == "Succeeded" and "PromoteTargets" not in kinds(plan)
+    spec = example_spec(**{"load.batchSizes": [1, 8], "promotion.mode": "analysisOnly"})
+    w = to_deciding(world(spec=spec, fingerprint=spec.fingerprint()))
+    plan = sm.reconcile(replace(w, decision=decided("Promote")))
+    assert plan.status.phase == Phase.Succeeded and K.PROMOTE not in kinds(plan)
 
 
 def test_approval_gate_waits_until_approved():
-    w0 = world(spec=spec(promotion=NS(mode="full", waves=[100], guard=NS(duration=1), require_approval=True)))
-    _, w = full_measure(w0)
-    plan, w = run(replace(w, decision={"action": "Promote", "reason": "wins"}))
-    assert w.status["phase"] == "Deciding"
-    cond = {c["type"]: c for c in w.status["conditions"]}["Approved"]
-    assert cond["reason"] == "AwaitingApproval" and "kubectl lookahead approve" in cond["message"]
-    plan, w = run(replace(w, approved_decision="an-older-decision"))
-    assert w.status["phase"] == "Deciding", "an approval names the decision it approves"
-    plan, w = run(replace(w, approved_decision=w.status["decision"]["id"]))
-    assert w.status["phase"] == "Promoting"
-
-
-def test_pause_holds_everything():
-    _, w = run(world())
-    plan = sm.reconcile(replace(w, spec=spec(paused=True), preflight={"candidate": True}))
-    assert plan.actions == [] and plan.status["phase"] == "Preflight"
+    spec = example_spec(**{"load.batchSizes": [1, 8], "promotion.requireApproval": True})
+    w = to_deciding(world(spec=spec, fingerprint=spec.fingerprint()))
+    plan, w = run(replace(w, decision=decided("Promote")))
+    assert w.status.phase == Phase.Deciding and plan.requeue_after is None, "waits for the annotation, not a timer"
+    c = cond(w.status, ConditionType.Approved)
+    assert c.reason == "AwaitingApproval" and "kubectl lookahead approve" in c.message
+    _, w = run(replace(w, approved_decision="an-older-decision", decision=decided("Promote")))
+    assert w.status.phase == Phase.Deciding, "an approval names the decision it approves"
+    _, w = run(replace(w, approved_decision=w.status.decision.id, decision=decided("Promote")))
+    assert w.status.phase == Phase.Promoting
 
 
 def test_abort_rolls_back():
-    _, w = full_measure(world())
+    w = to_measuring(world())
     plan = sm.reconcile(replace(w, abort_requested=True))
-    assert plan.status["phase"] == "RolledBack" and plan.status["rollback"]["reason"] == "Aborted"
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "Aborted"
 
 
 def test_spec_change_restarts_measurement_and_restores():
-    _, w = full_measure(world())
-    _, w = run(replace(w, decision={"action": "Promote", "reason": "wins"}))
-    did = w.status["decision"]["id"]
-    promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
-    paused_only = sm.reconcile(replace(w, generation=2, targets=promoted))
-    assert paused_only.status["phase"] == "Promoting", "a new generation with the same fingerprint (pause) restarts nothing"
+    w = promoting(world())
+    did = w.status.decision.id
+    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    same = sm.reconcile(replace(w, generation=2, targets=promoted))
+    assert same.status.phase == Phase.Promoting, "a new generation with the same fingerprint (pause) restarts nothing"
     plan = sm.reconcile(replace(w, generation=3, fingerprint="fp2", targets=promoted))
-    assert plan.status["phase"] == "Pending" and plan.status["batches"] == []
-    assert kinds(plan)[:3] == ["RestoreTargets", "DeleteLoadJobs", "DeleteRoles"]
+    assert plan.status.phase == Phase.Pending and not plan.status.batches and plan.status.decision is None
+    assert kinds(plan)[:3] == [K.RESTORE, K.DELETE_LOAD, K.DELETE_ROLES]
 
 
 def test_reconcile_is_idempotent_when_nothing_changes():
-    _, w = full_measure(world())
-    _, w = run(replace(w, decision={"action": "Promote", "reason": "wins"}))
-    a = sm.reconcile(w)
-    b = sm.reconcile(w)
+    w = promoting(world())
+    a, b = sm.reconcile(w), sm.reconcile(w)
     assert a.actions == b.actions and a.status == b.status
 
 
-def test_guard_without_data_waits_then_rolls_back_at_the_deadline():
-    _, w = full_measure(world())
-    _, w = run(replace(w, decision={"action": "Promote", "reason": "wins"}))
-    did = w.status["decision"]["id"]
-    _, w = run(w)
-    promoted = [sm.Target("ns", "a", "reference", promoted=did), sm.Target("ns", "b", "reference")]
-    no_data = sm.GuardCheck(False, "guard: not enough data yet", enough_data=False)
-    plan, w2 = run(replace(w, targets=promoted, guard=no_data, now=T0 + timedelta(seconds=30)))
-    assert w2.status["phase"] == "Promoting" and w2.status["progress"]["wave"] == 0, "no data is not a pass"
-    assert {c["type"]: c for c in w2.status["conditions"]}["GuardData"]["reason"] == "WaitingForData"
-    plan = sm.reconcile(replace(w2, now=T0 + timedelta(seconds=700)))
-    assert plan.status["phase"] == "RolledBack" and plan.status["rollback"]["reason"] == "GuardNoData"
-    assert kinds(plan)[0] == "RestoreTargets"
-
-
 def test_live_mode_is_refused_with_a_condition_naming_the_field():
-    s = spec()
-    s.load = NS(mode="live", batch_sizes=None, step_duration=60.0)
-    plan = sm.reconcile(world(spec=s))
-    cond = {c["type"]: c for c in plan.status["conditions"]}["Accepted"]
-    assert plan.status["phase"] == "Failed" and cond["status"] == "False" and "spec.load.mode" in cond["message"]
+    spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%"})
+    plan = sm.reconcile(world(spec=spec, fingerprint=spec.fingerprint(), targets=[]))
+    c = cond(plan.status, ConditionType.Accepted)
+    assert plan.status.phase == Phase.Failed and c.status == "False" and "spec.load.mode" in c.message
     assert plan.actions == []
+
+
+# --- every wait bounded, every error a state -------------------------------------------------------
+
+def outage():
+    return [sm.ReadError("prometheus", "http://prometheus:9090: ObservationError: connection refused")]
+
+
+def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched():
+    from lookahead_operator import measure
+
+    w = to_measuring(world())
+    seen = []
+    t = 0.0
+    while w.status.phase == Phase.Measuring:
+        plan, w = run(replace(at(w, t), read_errors=outage()), read_errors=[])
+        seen += kinds(plan)
+        if w.status.phase == Phase.Measuring:
+            assert cond(w.status, ConditionType.MetricsAvailable).status == "False"
+        t += plan.requeue_after
+        assert t < DEADLINE.total_seconds() + 60, "the deadline must end measurement"
+    assert w.status.phase == Phase.Deciding and w.now - T0 >= DEADLINE
+    decision = measure.decision(SPEC, w.status)                 # what the handler computes when Deciding
+    plan = sm.reconcile(replace(w, decision=decision))
+    assert decision.action == "Inconclusive" and plan.status.phase == Phase.Failed
+    assert K.PROMOTE not in seen + kinds(plan) and K.RESTORE not in seen + kinds(plan)
+    assert K.DELETE_ROLES in kinds(plan) and K.RELEASE in kinds(plan)
+
+
+def test_prometheus_down_briefly_then_back_the_policy_decides():
+    w = to_measuring(world())
+    _, w = run(replace(at(w, 10), read_errors=outage()), read_errors=[])
+    assert cond(w.status, ConditionType.MetricsAvailable).status == "False" and w.status.progress.read_errors == 1
+    _, w = run(replace(at(w, 20), step=sm.StepMeasurement(row(1), True)), step=None)
+    assert cond(w.status, ConditionType.MetricsAvailable).status == "True" and not w.status.progress.read_errors
+    _, w = run(replace(at(w, 30), step=sm.StepMeasurement(row(8, "Regresses"), True)), step=None)
+    assert w.status.phase == Phase.Deciding
+
+
+def test_pause_mid_step_freezes_clocks_stops_load_and_duplicates_nothing_on_resume():
+    w = to_measuring(world())
+    plan, w = run(at(w, 30))
+    run_before = w.status.progress.load_run
+    assert [a.run for a in plan.actions if a.kind == K.ENSURE_LOAD] == [run_before]
+    paused_spec = SPEC.model_copy(update={"paused": True})
+    plan, w = run(replace(at(w, 40), spec=paused_spec, generation=2))
+    assert kinds(plan) == [K.DELETE_LOAD], "pausing stops the load and does nothing else"
+    assert cond(w.status, ConditionType.Paused).status == "True" and plan.requeue_after is None
+    for t in (100, 1000, 4000):                              # paused far past the step and the deadline
+        plan, w = run(at(w, t))
+        assert plan.actions == [] and w.status.phase == Phase.Measuring and w.status.progress.step == 0
+    plan, w = run(replace(at(w, 4010), spec=SPEC, generation=3))
+    p = w.status.progress
+    assert p.load_run == run_before + 1, "resumed load gets fresh Job names"
+    assert p.step == 0 and p.step_started_at == T0 + timedelta(seconds=4010), "the interrupted step starts afresh"
+    assert p.measuring_since == T0 + timedelta(seconds=4010 - 40), "the deadline clock skipped the pause"
+    loads = [a for a in plan.actions if a.kind == K.ENSURE_LOAD]
+    assert len(loads) == 1 and loads[0].run == run_before + 1
+    assert cond(w.status, ConditionType.Paused).status == "False"
+
+
+def test_conditions_are_exactly_the_declared_types():
+    w = promoting(world())
+    statuses = [w.status]
+    for _ in range(3):
+        plan, w = run(w)
+        statuses.append(plan.status)
+    for s in statuses:
+        assert {c.type for c in s.conditions} <= set(ConditionType)
+
+
+def test_deletion_plan_restores_mid_rollout_and_keeps_lookahead_after_success():
+    me = "inference/chat-fleet"
+    targets = [sm.Target("serving", "a", owner=me, promoted="d1"), sm.Target("serving", "b", owner=me)]
+    mid = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding), targets, me)
+    assert [a.kind for a in mid] == [K.DELETE_LOAD, K.DELETE_ROLES, K.RESTORE, K.RELEASE]
+    done = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Succeeded), targets, me)
+    assert [a.kind for a in done] == [K.DELETE_LOAD, K.DELETE_ROLES, K.DISOWN, K.RELEASE]
+    other = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding),
+                             [sm.Target("serving", "a", owner="x/y", promoted="d1")], me)
+    assert [a.kind for a in other] == [K.DELETE_LOAD, K.DELETE_ROLES], "never touches another policy's targets"

@@ -13,7 +13,6 @@ from lookahead_operator.statistics import (
     Verdict,
     log_ratio_confidence_sequence,
     mixture_half_width,
-    parse_fraction,
 )
 
 
@@ -148,10 +147,7 @@ def test_naive_fixed_interval_with_peeking_would_fail_the_same_check():
     assert (np.abs(diff) > 2.576 * se)[:, 9:].any(axis=1).mean() > 0.05
 
 
-def test_thresholds_from_policy_parse_percent_strings():
-    th = Thresholds.from_policy({"maxThroughputRegression": "2%", "minLatencyImprovement": "5%", "confidence": 0.99})
-    assert th == Thresholds(0.05, 0.02, 0.99)
-    assert parse_fraction("0.3") == 0.3 and parse_fraction("12.5%") == 0.125
+def test_thresholds_refuse_a_certain_confidence():
     with pytest.raises(ValueError):
         Thresholds(confidence=1.0)
 

@@ -1,0 +1,127 @@
+"""The shipped example, as a user applies it: examples/fleet-deployment.yaml and
+examples/chat-fleet.yaml with every default of the policy kept.
+
+Adapted to the test cluster, and nothing else:
+* the policy's Prometheus URL (the example's points at an in-cluster Service);
+* the sample fleet's engine backend: the reference engine serves the roofline simulator instead
+  of the SmolLM2 weights, so the true answer is known (computed below from the simulator), and
+  listens on its pod address (``--host=$(POD_IP)``), because the pod harness runs every pod on
+  this one machine, where two replicas binding 0.0.0.0:8000 would clash (a real node, issue 9,
+  removes this adaptation).
+
+It must reach a decision, and the right one; then deleting the policy mid-rollout restores the
+fleet exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from lookahead_canary.simulator import RooflineSimulator
+from lookahead_operator import builders as b
+from lookahead_operator.devcluster import wait_for
+from lookahead_operator.models import LookaheadPolicy
+
+from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, events_of, get_policy, no_leftovers, sanitized
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def expected_outcome(sim_config: dict, batch_size: int, th_latency: float, th_throughput: float) -> str:
+    """What the decision rule must conclude at a batch size, from the simulator's expected values
+    (closed loop: throughput ratio = 1 / per-token latency ratio)."""
+    sim = RooflineSimulator.from_json(json.dumps(sim_config))
+    ratio = ((sim.expected_step_seconds(batch_size, True) / sim.expected_tokens_per_step(True))
+             / (sim.expected_step_seconds(batch_size, False) / sim.expected_tokens_per_step(False)))
+    latency_gain, throughput_change = 1 - ratio, 1 / ratio - 1
+    # the test is only meaningful where the truth is far from the thresholds
+    assert abs(latency_gain - th_latency) > 2 * th_latency and abs(throughput_change + th_throughput) > 2 * th_throughput
+    if throughput_change < -th_throughput:
+        return "Regresses"
+    return "Wins" if latency_gain > th_latency else "NoGain"
+
+
+def fleet_docs(sim: dict) -> list[dict]:
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "fleet-deployment.yaml").read_text()) if d]
+    for d in docs:
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "chat-reference":
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            args = [a for a in c["args"] if not a.startswith(("--model=", "--host="))]
+            c["args"] = ["--host=$(POD_IP)", "--backend=simulate", f"--sim-config={json.dumps(sim)}"] + args
+            # the engine's metrics are scraped by the test Prometheus through the pod harness
+            d["spec"]["template"]["metadata"].setdefault("annotations", {})["prometheus.io/scrape"] = "true"
+    return docs
+
+
+def test_shipped_example_with_its_defaults_reaches_the_right_decision(kube_api, operator_process, prometheus):
+    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
+                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    for d in fleet_docs(GOOD_GPU):
+        if d["kind"] == "Namespace":
+            core.create_namespace(d)
+        else:
+            apps.create_namespaced_deployment(d["metadata"]["namespace"], d)
+    body = yaml.safe_load((EXAMPLES / "chat-fleet.yaml").read_text())
+    body = copy.deepcopy(body)
+    body["spec"]["analysis"]["prometheus"]["url"] = prometheus.url
+    spec = LookaheadPolicy.from_body(body).spec
+    assert spec.load.batch_sizes is None, "the example measures the fleet's own batch sizes (auto)"
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    before = sanitized(apps, ns, "chat-reference")
+    untouched = sanitized(apps, ns, "chat-vllm")
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+    def decided():
+        st = get_policy(custom, ns, name).get("status") or {}
+        if st.get("phase") in ("Failed", "RolledBack", "NotACandidate") or st.get("decision"):
+            return st
+        return None
+
+    # Auto batch sizes with no fleet history are [1, 8]; two steps of at most 2m each, plus launch.
+    st = wait_for(decided, timeout=600, interval=2.0, what=f"{ns}/{name} decided")
+    sizes = st["progress"]["batchSizes"]
+    assert sizes == [1, 8], st.get("message")
+    th_lat, th_tp = spec.analysis.min_latency_improvement, spec.analysis.max_throughput_regression
+    truth = {bs: expected_outcome(GOOD_GPU, bs, th_lat, th_tp) for bs in sizes}
+    assert truth == {1: "Wins", 8: "Regresses"}
+    rows = {r["batchSize"]: r for r in st["batches"]}
+    assert {bs: rows[bs]["verdict"] for bs in sizes} == truth, json.dumps(st["batches"], indent=1)
+    assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
+    assert st["decision"]["crossoverBatchSize"] == 8
+    assert all(r["samples"]["control"] >= spec.load.min_samples_per_step for r in st["batches"])
+
+    # The first wave (10% of one Deployment: it) promotes chat-reference with the regime cap.
+    def promoted():
+        d = sanitized(apps, ns, "chat-reference")
+        return d if b.ANNOTATION_PROMOTED in (d["metadata"].get("annotations") or {}) else None
+
+    d = wait_for(promoted, timeout=120, interval=1.0, what="chat-reference promoted")
+    args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--speculative-config" in args and args[args.index("--lookahead-max-batch-size") + 1] == "7"
+    assert b.original_template(d) == before["spec"]["template"]
+
+    # Deleting the policy mid-rollout puts the fleet back exactly and leaves nothing behind.
+    custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+    def gone():
+        try:
+            get_policy(custom, ns, name)
+            return False
+        except client.ApiException as exc:
+            return exc.status == 404
+
+    wait_for(gone, timeout=120, interval=1.0, what="policy deleted (finalizer ran)")
+    d = sanitized(apps, ns, "chat-reference")
+    assert d["spec"]["template"] == before["spec"]["template"]
+    assert not {b.ANNOTATION_OWNER, b.ANNOTATION_ORIGINAL_TEMPLATE, b.ANNOTATION_PROMOTED} & set(
+        d["metadata"].get("annotations") or {})
+    assert sanitized(apps, ns, "chat-vllm")["spec"] == untouched["spec"], "not a target: never touched"
+    assert any(e.reason == "Restored" for e in events_of(core, ns, name))
+    wait_for(lambda: no_leftovers(apps, batch, ns, name), timeout=60, what="canary/control/Jobs removed")
