@@ -2,10 +2,10 @@
 PY ?= python3
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
-.PHONY: deps deps-python deps-system control-plane test test-unit demo crds cluster-up cluster-down \
+.PHONY: deps deps-python deps-system control-plane engines-venv test test-unit demo crds cluster-up cluster-down \
         bench-engine bench-decision bench-operator lint-chart
 
-deps: deps-system deps-python control-plane
+deps: deps-system deps-python control-plane engines-venv
 
 deps-system:
 	bash hack/install-system-deps.sh
@@ -15,6 +15,10 @@ deps-python:
 
 control-plane:
 	bash hack/build-control-plane.sh
+
+# vLLM and SGLang in an isolated venv, for the conformance tests against their own parsers
+engines-venv:
+	bash hack/install-engine-venv.sh
 
 crds:
 	$(PY) -m lookahead_operator.crdgen

@@ -281,8 +281,17 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, targets: list[sm.Targe
     d = k.get_deployment(*source.key)
     if d is None:
         return []
-    return list(check(d["spec"]["template"], source.engine or "reference", spec.lookahead,
-                      spec.promotion.mode == "regimeAware"))
+    template = d["spec"]["template"]
+    engine = source.engine or "reference"
+    problems = list(check(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware"))
+    if not problems:  # what the adapters cannot render is refused now, not at the first patch
+        container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
+        for role in b.ROLES:
+            try:
+                _role_transform(spec, role, engine)(container)
+            except engines.EngineError as exc:
+                problems.append(f"{role}: {exc}")
+    return problems
 
 
 def _known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Target]:

@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shlex
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lookahead_operator import engines
 from lookahead_operator.engines import (
@@ -17,10 +24,11 @@ from lookahead_operator.engines import (
 
 JACOBI = {"method": "jacobi", "window": 7, "ngram": 5, "guessSet": 7}
 NGRAM = {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5}
+NGRAM_CFG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
 def vllm_container(**kw):
-    c = {"name": "vllm", "image": "vllm/vllm-openai:v0.12.0",
+    c = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0",
          "args": ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "64"]}
     c.update(kw)
     return c
@@ -32,13 +40,22 @@ def ref_container():
                         "--model", "smollm2"]}
 
 
-def sglang_container():
-    return {"name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
-            "command": ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--port", "30000"]}
+def sglang_container(image="lmsysorg/sglang:v0.5.23-cu126", extra=()):
+    return {"name": "sglang", "image": image,
+            "command": ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--port", "30000",
+                        *extra]}
 
 
-def template(*containers):
-    return {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": list(containers)}}
+def trtllm_container(image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1", extra=()):
+    return {"name": "trt", "image": image,
+            "command": ["trtllm-serve", "serve", "Qwen/Qwen3-8B", "--port", "8000", "--max_batch_size", "64", *extra]}
+
+
+def template(*containers, volumes=None):
+    spec = {"containers": list(containers)}
+    if volumes:
+        spec["volumes"] = volumes
+    return {"metadata": {"labels": {"app": "x"}}, "spec": spec}
 
 
 def spec_of(argv):
@@ -48,12 +65,18 @@ def spec_of(argv):
     return json.loads(vals[0])
 
 
-# --- detection ---------------------------------------------------------------------------------
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+# --- detection and versions --------------------------------------------------------------------
 
 def test_detect_engine_from_image_command_args():
     assert detect_engine(template(vllm_container())) == "vllm"
     assert detect_engine(template(sglang_container())) == "sglang"
     assert detect_engine(template(ref_container())) == "reference"
+    assert detect_engine(template(trtllm_container())) == "trtllm"
+    assert detect_engine(template({"name": "t", "image": "acme/serve:1", "command": ["trtllm-serve", "m"]})) == "trtllm"
     # vLLM by command on a generic image
     assert detect_engine(template({"name": "c", "image": "ghcr.io/acme/serve:1",
                                    "command": ["vllm", "serve", "m"]})) == "vllm"
@@ -66,6 +89,35 @@ def test_detect_engine_from_image_command_args():
     assert engines.is_engine_container(vllm_container()) and not engines.is_engine_container(sidecar)
 
 
+@pytest.mark.parametrize("image,version", [
+    ("vllm/vllm-openai:v0.11.0", (0, 11, 0)),
+    ("vllm/vllm-openai:v0.10.1.1", (0, 10, 1)),
+    ("lmsysorg/sglang:v0.5.23-cu126", (0, 5, 23)),
+    ("lmsysorg/sglang:v0.5.4.post1-cu126", (0, 5, 4)),
+    ("nvcr.io/nvidia/tensorrt-llm/release:1.0.0", (1, 0, 0)),
+    ("nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc1", (1, 2, 0)),
+    ("registry.local:5000/vllm/vllm-openai:0.24.0", (0, 24, 0)),
+    ("vllm/vllm-openai:v0.12.0@sha256:abcd", (0, 12, 0)),
+    ("vllm/vllm-openai:latest", None),
+    ("vllm/vllm-openai", None),
+    ("registry.local:5000/vllm", None),
+    ("lmsysorg/sglang:dev", None),
+])
+def test_image_version(image, version):
+    assert engines.image_version(image) == version
+
+
+def test_engine_version_sources():
+    v = engines.engine_version(vllm_container(image="vllm/vllm-openai:v0.11.0"), "vllm")
+    assert v.version == (0, 11, 0) and v.source == "image tag" and "0.11.0" in v.describe()
+    v = engines.engine_version(vllm_container(image="vllm/vllm-openai:latest"), "vllm")
+    assert v.version is None and v.at_least((9, 0, 0)) and "assumed current" in v.describe()
+    v = engines.engine_version(vllm_container(image="acme/x:latest"), "vllm", {**NGRAM, "engineVersion": "0.23.1"})
+    assert v.version == (0, 23, 1) and v.source == "spec.lookahead.engineVersion"
+    with pytest.raises(EngineError):
+        engines.engine_version(vllm_container(), "vllm", {**NGRAM, "engineVersion": "banana"})
+
+
 # --- vLLM --------------------------------------------------------------------------------------
 
 def test_vllm_ngram_renders_and_does_not_mutate():
@@ -73,33 +125,96 @@ def test_vllm_ngram_renders_and_does_not_mutate():
     before = copy.deepcopy(c)
     out = render_lookahead(c, NGRAM)
     assert c == before and out is not c
-    assert spec_of(out["args"]) == {"method": "ngram", "num_speculative_tokens": 4,
-                                    "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert spec_of(out["args"]) == NGRAM_CFG
     assert out["args"][:4] == c["args"][:4]
 
 
 @pytest.mark.parametrize("existing", [
     ["--speculative-config", '{"method":"eagle","num_speculative_tokens":3}'],
     ['--speculative-config={"method":"eagle"}'],
+    ["-sc", '{"method":"eagle","model":"yuhuili/EAGLE3"}'],
+    ['-sc={"method":"eagle"}'],
+    ["--speculative_config", '{"method":"eagle"}'],
+    ["--speculative-config.method=eagle", "--speculative-config.model", "d"],
+    ["--speculative_config.num_speculative_tokens=3"],
+    ["--spec-method", "eagle", "--spec-tokens", "3"],
+    ["--spec_method=ngram", "--spec-tokens=3", "--spec-model", "x"],
 ])
-def test_vllm_replaces_present_speculative_config_never_duplicates(existing):
+def test_vllm_every_spelling_is_replaced_in_canary_and_stripped_in_control(existing):
     c = vllm_container(args=["--model", "m"] + existing + ["--port", "8000"])
     out = render_lookahead(c, NGRAM)
-    assert spec_of(out["args"])["method"] == "ngram"
-    assert out["args"][-2:] == ["--port", "8000"]
-    # rendering twice is idempotent
-    again = render_lookahead(out, NGRAM)
-    assert again == out
+    argv = out["args"]
+    assert spec_of(argv) == NGRAM_CFG                          # one spelling, ours, nothing of eagle's left
+    assert engines.vllm_existing_speculation(argv) == NGRAM_CFG
+    assert argv[:2] == ["--model", "m"] and argv[-2:] == ["--port", "8000"]
+    assert render_lookahead(out, NGRAM) == out                 # idempotent
+    off = render_off(c)["args"]
+    assert off == ["--model", "m", "--port", "8000"]
+    assert engines.vllm_existing_speculation(off) is None
+
+
+def test_vllm_canary_merges_into_the_fleets_ngram_config():
+    c = vllm_container(args=["m", "--speculative-config",
+                             '{"method":"ngram","num_speculative_tokens":8,"prompt_lookup_max":3,'
+                             '"disable_padded_drafter_batch":true}',
+                             "--speculative-config.suffix_decoding_max_tree_depth", "12"])
+    cfg = spec_of(render_lookahead(c, NGRAM)["args"])
+    assert cfg == {**NGRAM_CFG, "disable_padded_drafter_batch": True, "suffix_decoding_max_tree_depth": 12}
 
 
 def test_vllm_regime_aware_ranges():
     out = render_lookahead(vllm_container(), NGRAM, regime=8)
     cfg = spec_of(out["args"])
     assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
-    # without --max-num-seqs the last range reaches the default ceiling
+    # without --max-num-seqs the last range reaches the default ceiling; underscores are vLLM spellings too
     out = render_lookahead(vllm_container(args=["--model", "m"]), NGRAM, regime={"maxBatchSize": 4})
     assert spec_of(out["args"])["num_speculative_tokens_per_batch_size"] == [
         [1, 4, 4], [5, engines.VLLM_DEFAULT_MAX_BATCH, 0]]
+    out = render_lookahead(vllm_container(args=["m", "--max_num_seqs=16"]), NGRAM, regime=2)
+    assert spec_of(out["args"])["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 16, 0]]
+    # a plain canary drops a schedule the fleet had
+    sched = vllm_container(args=["m", "--speculative-config.num_speculative_tokens_per_batch_size", "[[1,2,3]]"])
+    assert "num_speculative_tokens_per_batch_size" not in spec_of(render_lookahead(sched, NGRAM)["args"])
+
+
+@pytest.mark.parametrize("dp", [["--data-parallel-size", "2"], ["-dp", "4"], ["--data_parallel_size=2"]])
+def test_vllm_refuses_regime_with_data_parallel(dp):
+    c = vllm_container(args=["m"] + dp)
+    with pytest.raises(EngineError, match="data-parallel-size"):
+        render_lookahead(c, NGRAM, regime=4)
+    assert spec_of(render_lookahead(c, NGRAM)["args"]) == NGRAM_CFG      # plain canary is fine
+    assert any("data-parallel" in m for m in engines.support_problems(c, "vllm", NGRAM, True))
+    assert engines.support_problems(c, "vllm", NGRAM, False) == []
+    assert render_lookahead(vllm_container(args=["m", "-dp", "1"]), NGRAM, regime=4)
+
+
+@pytest.mark.parametrize("tag,ok", [("v0.11.0", False), ("v0.23.0", False), ("v0.24.0", True), ("v0.33.0", True),
+                                    ("latest", True)])
+def test_vllm_per_batch_schedule_needs_0_24(tag, ok):
+    c = vllm_container(image=f"vllm/vllm-openai:{tag}")
+    problems = engines.support_problems(template(c), None, NGRAM, True)
+    assert (problems == []) is ok, problems
+    if not ok:
+        assert "0.24.0" in problems[0] and tag.lstrip("v") in problems[0]
+        with pytest.raises(EngineError, match="per-batch-size"):
+            render_lookahead(c, NGRAM, regime=4)
+        render_lookahead(c, NGRAM)                     # the canary itself is fine
+    # an explicit engineVersion overrides the tag
+    assert engines.support_problems(c, "vllm", {**NGRAM, "engineVersion": "0.23.0"}, True)
+
+
+def test_vllm_methods_by_version():
+    out = render_lookahead(vllm_container(), {**NGRAM, "method": "ngram_gpu"})
+    assert spec_of(out["args"]) == {**NGRAM_CFG, "method": "ngram_gpu"}
+    out = render_lookahead(vllm_container(), {**NGRAM, "method": "suffix"}, regime=8)
+    assert spec_of(out["args"]) == {"method": "suffix", "num_speculative_tokens": 4,
+                                    "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 64, 0]]}
+    with pytest.raises(EngineError, match="ngram_gpu"):
+        render_lookahead(vllm_container(image="vllm/vllm-openai:v0.17.0"), {**NGRAM, "method": "ngram_gpu"})
+    render_lookahead(vllm_container(image="vllm/vllm-openai:v0.18.0"), {**NGRAM, "method": "ngram_gpu"})
+    with pytest.raises(EngineError, match="suffix"):
+        render_lookahead(vllm_container(image="vllm/vllm-openai:v0.11.0"), {**NGRAM, "method": "suffix"})
+    assert engines.support_problems(vllm_container(image="vllm/vllm-openai:v0.9.2"), "vllm", NGRAM, False)
 
 
 def test_vllm_rejects_jacobi_clearly():
@@ -124,18 +239,112 @@ def test_vllm_in_shell_script():
 
 # --- SGLang ------------------------------------------------------------------------------------
 
-def test_sglang_ngram_and_off():
-    out = render_lookahead(sglang_container(), NGRAM, regime=4)
-    argv = out["command"]
-    i = argv.index("--speculative-algorithm")
-    assert argv[i + 1] == "NGRAM"
-    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
-    assert argv[argv.index("--speculative-ngram-max-batch-size") + 1] == "4"
-    assert argv.count("--speculative-algorithm") == 1
-    off = render_off(out)
-    assert off["command"] == sglang_container()["command"]
+def test_sglang_current_flags_and_equal_roles():
+    c = sglang_container(extra=["--speculative-ngram-min-match-window-size", "1",
+                                "--speculative-ngram-max-match-window-size", "12", "--enable-mixed-chunk",
+                                "--speculative-algorithm=EAGLE", "--speculative-use-rejection-sampling"])
+    can = render_lookahead(c, NGRAM)["command"]
+    ctl = render_off(c)["command"]
+    assert flag(can, "--speculative-algorithm") == "NGRAM" and can.count("--speculative-algorithm") == 1
+    assert flag(can, "--speculative-num-draft-tokens") == "5"           # K drafts + the root token
+    assert not any("match-window" in a or "max-batch-size" in a for a in can)
+    assert "--speculative-use-rejection-sampling" not in can
+    for argv in (can, ctl):
+        assert "--enable-metrics" in argv and "--enable-mixed-chunk" not in argv
+        assert flag(argv, "--max-running-requests") == "48"
+        assert "--disable-overlap-schedule" not in argv                  # CUDA on 0.5.23: not forced
+    assert not any(a.startswith("--speculative") for a in ctl)
+    assert [a for a in can if not a.startswith("--speculative") and a not in ("NGRAM", "5")] == ctl
+    assert render_lookahead(render_lookahead(c, NGRAM), NGRAM) == render_lookahead(c, NGRAM)
+
+
+def test_sglang_keeps_the_fleets_max_running_requests_on_both_roles():
+    c = sglang_container(extra=["--max-running-requests", "128", "--enable-metrics"])
+    for argv in (render_lookahead(c, NGRAM)["command"], render_off(c)["command"]):
+        assert flag(argv, "--max-running-requests") == "128" and argv.count("--enable-metrics") == 1
+
+
+def test_sglang_older_versions():
+    c = sglang_container(image="lmsysorg/sglang:v0.5.9-cu126")
+    can, ctl = render_lookahead(c, NGRAM)["command"], render_off(c)["command"]
+    assert flag(can, "--speculative-ngram-min-match-window-size") == "2"
+    assert flag(can, "--speculative-ngram-max-match-window-size") == "5"
+    assert "--disable-overlap-schedule" in can and "--disable-overlap-schedule" in ctl   # forced up to 0.5.12
+    with pytest.raises(EngineError, match="NGRAM"):
+        render_lookahead(sglang_container(image="lmsysorg/sglang:v0.5.2"), NGRAM)
+    cpu = sglang_container(extra=["--device", "cpu"])
+    assert "--disable-overlap-schedule" in render_off(cpu)["command"]
+    assert engines.support_problems(sglang_container("lmsysorg/sglang:v0.5.14", ["--device", "cpu"]), None, NGRAM, False)
+
+
+def test_sglang_refusals():
+    with pytest.raises(EngineError, match="no per-batch-size"):
+        render_lookahead(sglang_container(), NGRAM, regime=4)
     with pytest.raises(EngineError, match="SGLang has no Jacobi"):
         render_lookahead(sglang_container(), JACOBI)
+    with pytest.raises(EngineError, match="data-parallel attention"):
+        render_lookahead(sglang_container(extra=["--attn-dp-size", "2"]), NGRAM)
+    assert engines.support_problems(sglang_container(), None, {**NGRAM, "method": "suffix"}, False)
+    with pytest.raises(EngineError):
+        engines.regime_config("sglang", NGRAM, 4)
+
+
+# --- TensorRT-LLM ------------------------------------------------------------------------------
+
+def test_trtllm_role_configs_differ_only_in_speculation():
+    c = trtllm_container()
+    can = engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="p-canary-trtllm", namespace="ns")
+    ctl = engines.trtllm_role_config(c, NGRAM, "control", config_map_name="p-control-trtllm", namespace="ns")
+    assert can.options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4,
+                                                 "max_matching_ngram_size": 5}
+    assert {k: v for k, v in can.options.items() if k != "speculative_config"} == ctl.options
+    data = yaml.safe_load(can.config_map["data"][engines.TRTLLM_OPTIONS_KEY])
+    assert data == can.options and can.config_map["metadata"] == {"name": "p-canary-trtllm", "namespace": "ns"}
+    argv = can.container["command"]
+    assert flag(argv, "--extra_llm_api_options") == f"{engines.TRTLLM_MOUNT_DIR}/{engines.TRTLLM_OPTIONS_KEY}"
+    assert argv[:3] == ["trtllm-serve", "serve", "Qwen/Qwen3-8B"]
+    assert can.container["volumeMounts"] == [{"name": engines.TRTLLM_VOLUME, "mountPath": engines.TRTLLM_MOUNT_DIR,
+                                              "readOnly": True}]
+    assert can.volume == {"name": engines.TRTLLM_VOLUME, "configMap": {"name": "p-canary-trtllm"}}
+    pod = can.apply_to_pod_spec(template(c)["spec"])
+    assert pod["containers"][0] == can.container and pod["volumes"] == [can.volume]
+    promote = engines.trtllm_role_config(c, NGRAM, "promote", config_map_name="x", regime=8)
+    assert promote.options["speculative_config"]["max_concurrency"] == 8
+    jac = engines.trtllm_role_config(trtllm_container(extra=["--backend", "tensorrt"]), JACOBI, "canary",
+                                     config_map_name="x")
+    assert jac.options["speculative_config"] == {"decoding_type": "Lookahead", "max_window_size": 7,
+                                                 "max_ngram_size": 5, "max_verification_set_size": 7}
+
+
+def test_trtllm_carries_the_fleets_own_options():
+    base = "kv_cache_config:\n  free_gpu_memory_fraction: 0.8\nspeculative_config:\n  decoding_type: Eagle\n"
+    vols = [{"name": "opts", "configMap": {"name": "fleet-trt"}}]
+    c = trtllm_container(extra=["--config", "/etc/trt/opts.yaml"])
+    c["volumeMounts"] = [{"name": "opts", "mountPath": "/etc/trt"}]
+    assert engines.trtllm_options_source(template(c, volumes=vols), c) == ("fleet-trt", "opts.yaml")
+    with pytest.raises(EngineError, match="cannot read files inside the image"):
+        engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="x")
+    can = engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="x", base_options=base)
+    ctl = engines.trtllm_role_config(c, NGRAM, "control", config_map_name="y", base_options=base)
+    assert ctl.options == {"kv_cache_config": {"free_gpu_memory_fraction": 0.8}}
+    assert can.options["kv_cache_config"] == ctl.options["kv_cache_config"]
+    assert can.options["speculative_config"]["decoding_type"] == "NGram"
+    assert "--config" not in can.container["command"]
+    assert engines.support_problems(template(c, volumes=vols), None, NGRAM, False) == []
+    c2 = trtllm_container(extra=["--extra_llm_api_options", "/opt/baked.yaml"])
+    assert any("not mounted from a ConfigMap" in m for m in engines.support_problems(template(c2), None, NGRAM, False))
+
+
+def test_trtllm_refusals_and_plain_render():
+    with pytest.raises(EngineError, match="trtllm_role_config"):
+        render_lookahead(trtllm_container(), NGRAM)
+    with pytest.raises(EngineError, match="trtllm_role_config"):
+        render_off(trtllm_container())
+    assert engines.support_problems(trtllm_container(), None, NGRAM, True) == []
+    assert engines.support_problems(trtllm_container(), None, JACOBI, False)             # pytorch backend
+    assert engines.support_problems(trtllm_container("nvcr.io/nvidia/tensorrt-llm/release:1.0.0"), None, NGRAM, True)
+    assert engines.support_problems(trtllm_container("nvcr.io/nvidia/tensorrt-llm/release:0.21.0"), None, NGRAM, False)
+    assert engines.regime_config("trtllm", NGRAM, 4)["speculative_config"]["max_concurrency"] == 4
 
 
 # --- reference ---------------------------------------------------------------------------------
@@ -155,6 +364,8 @@ def test_reference_jacobi_with_batch_cap_and_off():
 def test_reference_ngram():
     out = render_lookahead(ref_container(), NGRAM)
     assert spec_of(out["command"])["method"] == "ngram"
+    with pytest.raises(EngineError):
+        render_lookahead(ref_container(), {**NGRAM, "method": "suffix"})
 
 
 def test_spec_accepts_snake_case_and_objects():
@@ -171,11 +382,20 @@ def test_spec_accepts_snake_case_and_objects():
         engines.regime_max_batch(0)
 
 
+def test_spec_from_the_pydantic_model():
+    from lookahead_operator.models import LookaheadConfig
+
+    cfg = LookaheadConfig.model_validate({"method": "ngram_gpu", "numSpeculativeTokens": 3, "engineVersion": "0.24.0"})
+    p = engines.lookahead_params(cfg)
+    assert p.method == "ngram_gpu" and p.num_speculative_tokens == 3 and p.engine_version == "0.24.0"
+
+
 def test_unknown_engine_needs_explicit_setting():
     with pytest.raises(EngineError, match="set spec.engine"):
         render_lookahead({"name": "c", "image": "acme/server"}, NGRAM)
     out = render_lookahead({"name": "c", "image": "acme/server", "args": []}, NGRAM, engine="vllm")
     assert spec_of(out["args"])["method"] == "ngram"
+    assert engines.support_problems(template({"name": "c", "image": "acme/server"}), None, NGRAM, False)
 
 
 # --- metric names ------------------------------------------------------------------------------
@@ -190,6 +410,7 @@ def test_metric_names():
     assert v.running == "vllm:num_requests_running" and v.waiting == "vllm:num_requests_waiting"
     assert v.prefill_time == "vllm:request_prefill_time_seconds"
     assert v.decode_time == "vllm:request_decode_time_seconds"
+    assert v.accepted_per_position == "vllm:spec_decode_num_accepted_tokens_per_pos_total"
     r = metric_names("reference")
     # ours records its ITL per token (not per chunk), so it is the per-token series for the reference engine
     assert r.per_token_latency == "vllm:inter_token_latency_seconds" and r.engine == "reference"
@@ -198,9 +419,15 @@ def test_metric_names():
     assert s.per_token_latency == "sglang:inter_token_latency_seconds"
     assert s.running == "sglang:num_running_reqs" and s.waiting == "sglang:num_queue_reqs"
     assert s.accepted_tokens is None and s.acceptance_rate_gauge == "sglang:spec_accept_rate"
+    assert s.drafts == "sglang:spec_verify_calls_total" and s.generation_tokens_finish_only
+    assert s.live_generation_tokens == "sglang:realtime_tokens_total" and dict(s.live_generation_tokens_match) == {
+        "mode": "decode"}
+    t = metric_names("trtllm")
+    assert t.generation_tokens == "trtllm_generation_tokens_total"
+    assert t.accepted_tokens == "trtllm_spec_decode_num_accepted_tokens_total"
     assert all(not x.startswith("vllm:time_per_output_token") for x in v.histograms().values())
     with pytest.raises(EngineError):
-        metric_names("trtllm")
+        metric_names("tgi")
 
 
 def test_reference_metric_names_match_the_engine():
@@ -220,11 +447,164 @@ def test_regime_config():
 
 
 def test_reference_jacobi_with_prompt_lookup_seeding():
-    import json as _json
     from lookahead_operator.engines import reference_speculative_config
-    cfg = _json.loads(reference_speculative_config({"method": "jacobi", "window": 3, "ngram": 4, "guessSet": 2,
-                                                    "promptLookupTokens": 24}))
+    cfg = json.loads(reference_speculative_config({"method": "jacobi", "window": 3, "ngram": 4, "guessSet": 2,
+                                                   "promptLookupTokens": 24}))
     assert cfg == {"method": "jacobi", "window": 3, "ngram": 4, "guess_set": 2, "prompt_lookup_tokens": 24,
                    "window_with_draft": False}
-    plain = _json.loads(reference_speculative_config({"method": "jacobi", "promptLookupTokens": 0}))
+    plain = json.loads(reference_speculative_config({"method": "jacobi", "promptLookupTokens": 0}))
     assert "prompt_lookup_tokens" not in plain and plain["window"] == 7
+
+
+# --- shell form, run with the real sh ----------------------------------------------------------
+
+_STANDIN = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys
+    with open(os.environ["ARGV_LOG"], "a") as f:
+        f.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
+    print("engine output line")
+    """)
+
+
+@pytest.fixture
+def standins(tmp_path):
+    """A bin dir with stand-in ``vllm``, ``trtllm-serve`` and ``lookahead-engine`` executables and a
+    ``sglang.launch_server`` / ``lookahead_canary.server`` module that record their argv."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("vllm", "trtllm-serve", "lookahead-engine"):
+        p = bindir / name
+        p.write_text(_STANDIN.format(python=sys.executable))
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    mod = tmp_path / "mods"
+    (mod / "sglang").mkdir(parents=True)
+    (mod / "sglang" / "__init__.py").write_text("")
+    (mod / "sglang" / "launch_server.py").write_text(_STANDIN.format(python=sys.executable))
+    # a python3 on PATH that is the test's interpreter, so `python3 -m sglang.launch_server` finds the module
+    (bindir / "python3").symlink_to(sys.executable)
+    return tmp_path
+
+
+def run_sh(container, root: Path, env_extra=None) -> tuple[list[list[str]], str]:
+    argv = list(container.get("command") or []) + list(container.get("args") or [])
+    log = root / "argv.log"
+    if log.exists():
+        log.unlink()
+    env = {"PATH": f"{root / 'bin'}:/usr/bin:/bin", "ARGV_LOG": str(log), "PYTHONPATH": str(root / "mods"),
+           "MODEL": "org/my model", "OUT": str(root), **(env_extra or {})}
+    argv[0] = "/bin/sh" if argv[0].endswith("sh") else argv[0]
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, cwd=root)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return calls, res.stdout
+
+
+SHELL_SCRIPTS = [
+    # the issue's example: the flag must land on vllm, not after the pipe
+    ("vllm", "vllm serve $MODEL --port 8000 2>&1 | tee $OUT/engine.log"),
+    ("vllm", "set -e; export VLLM_LOGGING_LEVEL=INFO && exec vllm serve \"$MODEL\" \\\n"
+             "    --max-num-seqs 32 \\\n    --speculative-config '{\"method\":\"eagle\",\"model\":\"d\"}' \\\n"
+             "    -sc='{\"num_speculative_tokens\":2}' \\\n    --port 8000 > $OUT/out.log 2>&1 || echo failed"),
+    ("vllm", "echo starting; VLLM_X=1 vllm serve ${MODEL} --spec-method ngram --spec-tokens 3 \\\n"
+             "  --speculative-config.prompt_lookup_max=4 --gpu-memory-utilization 0.9 &\nwait"),
+    ("sglang", "cd /tmp && python3 -u -m sglang.launch_server --model-path \"$MODEL\" --host 0.0.0.0 "
+               "--speculative-ngram-max-match-window-size 12 --enable-mixed-chunk 2>&1 | cat"),
+    ("reference", "exec python3 -m lookahead_canary.server --model \"$MODEL\" --port 8000 "
+                  "--speculative-config '{\"method\":\"jacobi\"}' # comment here"),
+]
+
+
+def _ref_standin(root: Path):
+    (root / "mods" / "lookahead_canary").mkdir(exist_ok=True)
+    (root / "mods" / "lookahead_canary" / "__init__.py").write_text("")
+    (root / "mods" / "lookahead_canary" / "server.py").write_text(_STANDIN.format(python=sys.executable))
+
+
+@pytest.mark.parametrize("engine,script", SHELL_SCRIPTS)
+def test_shell_form_edits_the_engine_command_under_real_sh(engine, script, standins):
+    _ref_standin(standins)
+    c = {"name": "engine", "image": {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": "lmsysorg/sglang:v0.5.23",
+                                     "reference": "python:3.11"}[engine],
+         "command": ["/bin/sh", "-c", script]}
+    spec = NGRAM if engine != "reference" else JACOBI
+    canary = render_lookahead(c, spec)
+    control = render_off(c)
+    regime = render_lookahead(c, spec, 4) if engine != "sglang" else None
+    orig_calls, orig_out = run_sh(c, standins)
+    assert len(orig_calls) == 1
+    orig = orig_calls[0]
+    # the expected argv: the adapters' edit applied to what sh gave the engine for the original script
+    expect_container = {"name": "engine", "image": c["image"], "args": orig}
+    for rendered, want in ((canary, render_lookahead(expect_container, spec, engine=engine)),
+                           (control, render_off(expect_container, engine=engine))) + \
+            (((regime, render_lookahead(expect_container, spec, 4, engine=engine)),) if regime else ()):
+        calls, out = run_sh(rendered, standins)
+        assert calls == [want["args"]], (rendered["command"][2], calls, want["args"])
+        assert out == orig_out                              # pipes, echo, redirections behave the same
+    # everything outside the engine's arguments survives byte for byte
+    prefix_end = script.index({"vllm": "vllm serve", "sglang": "sglang.launch_server",
+                               "reference": "lookahead_canary.server"}[engine])
+    assert canary["command"][2][:prefix_end] == script[:prefix_end]
+    if "$MODEL" in script:
+        assert "$MODEL" in canary["command"][2] or "${MODEL}" in canary["command"][2]
+    if engine == "vllm":
+        assert engines.vllm_existing_speculation(run_sh(control, standins)[0][0]) is None
+        assert spec_of(run_sh(canary, standins)[0][0]) == NGRAM_CFG
+
+
+def test_shell_form_the_issue_example_exactly(standins):
+    c = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0",
+         "command": ["/bin/sh", "-c", "vllm serve $MODEL --port 8000 2>&1 | tee /tmp/lookahead-test-tee.log"]}
+    out = render_lookahead(c, NGRAM)["command"][2]
+    assert out == ("vllm serve $MODEL --port 8000 --speculative-config "
+                   "'{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_min\":2,"
+                   "\"prompt_lookup_max\":5}' 2>&1 | tee /tmp/lookahead-test-tee.log")
+    calls, _ = run_sh({**c, "command": ["/bin/sh", "-c", out]}, standins)
+    assert calls == [["vllm", "serve", "org/my", "model", "--port", "8000", "--speculative-config",
+                      json.dumps(NGRAM_CFG, separators=(",", ":"))]]
+    assert render_off(c)["command"] == c["command"]
+
+
+def test_shell_form_trtllm_flag_lands_on_trtllm_serve(standins):
+    c = {"name": "trt", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+         "command": ["bash", "-c", "trtllm-serve $MODEL --port 8000 | tee /dev/null"]}
+    cfg = engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="x")
+    calls, _ = run_sh(cfg.container, standins)
+    assert calls == [["trtllm-serve", "org/my", "model", "--port", "8000", "--extra_llm_api_options",
+                      f"{engines.TRTLLM_MOUNT_DIR}/{engines.TRTLLM_OPTIONS_KEY}"]]
+
+
+@pytest.mark.parametrize("script,why", [
+    ("vllm serve m $EXTRA_ARGS", "may hold engine flags"),
+    ("vllm serve m \"$@\"", "may hold engine flags"),
+    ("cat <<EOF > /tmp/x\nhi\nEOF\nvllm serve m", "here-document"),
+    ("vllm serve a & vllm serve b", "more than once"),
+    ("exec my-launcher --port 8000", "no engine command"),
+    ("vllm serve m --port 8000 'unterminated", "unterminated"),
+    ("vllm serve m > /log --port 8000", "after a redirection"),
+])
+def test_shell_form_too_complex_is_refused_naming_the_container(script, why):
+    c = {"name": "engine-0", "image": "vllm/vllm-openai:v0.33.0", "command": ["sh", "-c", script]}
+    for fn in (lambda: render_lookahead(c, NGRAM), lambda: render_off(c)):
+        with pytest.raises(EngineError, match=why) as exc:
+            fn()
+        assert "'engine-0'" in str(exc.value)
+    problems = engines.support_problems(template(c), "vllm", NGRAM, False)
+    assert problems and "engine-0" in problems[0]
+
+
+def test_shell_tokens_agree_with_shlex_on_plain_words():
+    script = "exec vllm serve 'a b' \"c d\" e\\ f --x='{\"k\": 1}' --y \"$(echo hi)\" 2>&1 | tee log && echo ok"
+    edit = engines._parse_shell(script, "vllm")
+    vals = [t.value for t in edit.args if not t.opaque]
+    assert vals == ["a b", "c d", "e f", '--x={"k": 1}', "--y"]
+    assert [t.text for t in edit.args if t.opaque] == ['"$(echo hi)"']
+    assert shlex.split(script)[3:8] == vals
+
+
+def test_shell_script_index():
+    idx = engines._shell_script_index
+    assert idx(["sh", "-c", "x"]) == 2 and idx(["/bin/bash", "-lc", "x"]) == 2
+    assert idx(["bash", "-o", "pipefail", "-c", "x"]) == 4 and idx(["bash", "-e", "-c", "x"]) == 3
+    assert idx(["vllm", "serve"]) is None and idx(["sh", "script.sh"]) is None
