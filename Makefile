@@ -21,7 +21,7 @@ engines-venv:
 	bash hack/install-engine-venv.sh
 
 crds:
-	$(PY) -m lookahead_operator.crdgen
+	$(PY) -m lookahead_dev.crdgen
 
 test: deps
 	$(PY) -m pytest -q -ra
@@ -33,16 +33,16 @@ demo: deps-python
 	kubectl-lookahead analyze
 
 cluster-up: deps
-	$(PY) -m lookahead_operator.devcluster up
+	$(PY) -m lookahead_dev.devcluster up
 
 cluster-down:
-	$(PY) -m lookahead_operator.devcluster down
+	$(PY) -m lookahead_dev.devcluster down
 
 bench-engine: deps-python
-	$(PY) -m lookahead_canary.bench_engine
+	$(PY) -m lookahead_dev.bench_engine
 
 bench-decision: deps-python
 	$(PY) -m lookahead_operator.bench_decision
 
 bench-operator: deps
-	$(PY) -m lookahead_operator.bench_operator
+	$(PY) -m lookahead_dev.bench_operator

@@ -3,7 +3,7 @@
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
-# openssl makes the dev cluster's certificates (lookahead_operator.devcluster).
+# openssl makes the dev cluster's certificates (lookahead_dev.devcluster).
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -13,25 +13,27 @@ import json
 import math
 from typing import Callable, Iterable
 
-GROUP = "lookahead.dev"
-LABEL_POLICY = f"{GROUP}/policy"
-# Policy names repeat across namespaces: every selector of ours pairs the name with its namespace.
-LABEL_POLICY_NAMESPACE = f"{GROUP}/policy-namespace"
-LABEL_ROLE = f"{GROUP}/role"
-LABEL_TARGET = f"{GROUP}/target"
-LABEL_STEP = f"{GROUP}/step"
-LABEL_GENERATION = f"{GROUP}/generation"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_POD = f"{GROUP}/pod"  # on a guard load Job: the promoted pod it drives
-LABEL_RUN = f"{GROUP}/run"  # on a load Job: status.progress.loadRun when it was started
-LABEL_DRIVES = f"{GROUP}/drives"  # on a load Job: the role it drives (canary, control, promoted)
-PROMPTS_MOUNT = "/etc/lookahead/prompts"
-MANAGED_BY = "lookahead-operator"
-# On a user's Deployment: which policy owns it, and the pod template as it was before we touched it.
-ANNOTATION_OWNER = f"{GROUP}/owned-by"
-ANNOTATION_ORIGINAL_TEMPLATE = f"{GROUP}/original-template"
-ANNOTATION_PROMOTED = f"{GROUP}/promoted"
-ROLES = ("canary", "control")
+from .api import (  # noqa: F401 - the names builders put on objects (api.py owns them)
+    ANNOTATION_ORIGINAL_TEMPLATE,
+    ANNOTATION_OWNER,
+    ANNOTATION_PROMOTED,
+    ANNOTATION_SOURCE,
+    GROUP,
+    LABEL_DRIVES,
+    LABEL_GENERATION,
+    LABEL_MANAGED_BY,
+    LABEL_POD,
+    LABEL_POLICY,
+    LABEL_POLICY_NAMESPACE,
+    LABEL_ROLE,
+    LABEL_RUN,
+    LABEL_STEP,
+    LABEL_TARGET,
+    MANAGED_BY,
+    ROLES,
+)
+
+PROMPTS_MOUNT = "/etc/lookahead/prompts"  # where a load Job mounts the policy's configMapRef prompts
 
 ContainerTransform = Callable[[dict], dict]
 
@@ -132,7 +134,7 @@ def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
         "name": role_deployment_name(policy_name, role),
         "namespace": target_meta["namespace"],
         "labels": labels,
-        "annotations": {f"{GROUP}/source": f"{target_meta['namespace']}/{target_meta['name']}"},
+        "annotations": {ANNOTATION_SOURCE: f"{target_meta['namespace']}/{target_meta['name']}"},
     }
     if policy["metadata"].get("namespace") == target_meta["namespace"]:
         meta["ownerReferences"] = [owner_reference(policy)]

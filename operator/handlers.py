@@ -30,14 +30,10 @@ from . import conditions, engines, measure, metrics
 from . import statemachine as sm
 from .conditions import Fact
 from .kube import Kube
+from .api import ANNOTATION_ABORT, ANNOTATION_APPROVE, FINALIZER, GROUP, PLURAL, VERSION
 from .models import (
-    ANNOTATION_ABORT,
-    ANNOTATION_APPROVE,
-    GROUP,
     MAX_POLICY_NAME,
     NAME_TOO_LONG,
-    PLURAL,
-    VERSION,
     ConditionType,
     LookaheadPolicySpec,
     LookaheadPolicyStatus,
@@ -68,7 +64,7 @@ def kube() -> Kube:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
-    settings.persistence.finalizer = f"{GROUP}/cleanup"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")

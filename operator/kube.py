@@ -13,14 +13,15 @@ from typing import Callable, Iterable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from . import api
 from . import builders as b
 
 log = logging.getLogger("lookahead_operator.kube")
 USER_AGENT = "lookahead-operator/0.1"
 # Every request is bounded: (connect, read) seconds. Nothing outside the process is assumed to answer.
 TIMEOUT = (5, 30)
-POLICY_API = ("lookahead.dev", "v1alpha1")
-POLICY_PLURAL = "lookaheadpolicies"
+POLICY_API = (api.GROUP, api.VERSION)
+POLICY_PLURAL = api.PLURAL
 
 
 def _ignore(status: int, fn: Callable, *args, **kwargs):

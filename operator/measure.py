@@ -17,6 +17,7 @@ import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from . import api
 from . import builders as b
 from . import engines, observations
 from . import statemachine as sm
@@ -117,7 +118,7 @@ def _scalar(prom, query: str) -> float | None:
 def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:
     """Prometheus labels of a policy's canary or control pods (``policy``: namespace, name)."""
     namespace, name = policy
-    return {"lookahead_dev_policy": name, "lookahead_dev_policy_namespace": namespace, "lookahead_dev_role": role}
+    return {api.PROM_LABEL_POLICY: name, api.PROM_LABEL_POLICY_NAMESPACE: namespace, api.PROM_LABEL_ROLE: role}
 
 
 # --- what each phase needs (statemachine.NEEDS) --------------------------------------------------

@@ -1,6 +1,6 @@
 """The LookaheadPolicy API (``lookahead.dev/v1alpha1``) as pydantic v2 models.
 
-These models are the single source of truth of the CRD: ``python3 -m lookahead_operator.crdgen``
+These models are the single source of truth of the CRD: ``python3 -m lookahead_dev.crdgen``
 turns their JSON schema into the OpenAPI v3 structural schema in ``crds/lookaheadpolicies.yaml``
 (and the chart's copy). Every cross-field rule exists twice, on purpose: as a pydantic validator
 here (what the operator and the unit tests use) and as a CEL ``x-kubernetes-validations`` rule in
@@ -56,19 +56,20 @@ from lookahead_canary import units
 # --------------------------------------------------------------------------------------------
 # identity of the API
 
-GROUP = "lookahead.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "LookaheadPolicy"
-LIST_KIND = "LookaheadPolicyList"
-PLURAL = "lookaheadpolicies"
-SINGULAR = "lookaheadpolicy"
-SHORT_NAMES = ["lap"]
-CATEGORIES = ["lookahead"]
-CRD_NAME = f"{PLURAL}.{GROUP}"
-
-ANNOTATION_APPROVE = f"{GROUP}/approve"
-ANNOTATION_ABORT = f"{GROUP}/abort"
+from .api import (  # noqa: F401 - re-exported: the API's names belong with its models
+    ANNOTATION_ABORT,
+    ANNOTATION_APPROVE,
+    API_VERSION,
+    CATEGORIES,
+    CRD_NAME,
+    GROUP,
+    KIND,
+    LIST_KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 
 # Limits that bound the CEL cost of the validation rules (the apiserver refuses a CRD whose
 # estimated rule cost is unbounded) and keep a policy a reasonable size.

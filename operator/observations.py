@@ -44,11 +44,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .api import PROM_LABEL_POLICY as LABEL_POLICY
+from .api import PROM_LABEL_ROLE as LABEL_ROLE
+from .api import PROM_LABEL_TARGET as LABEL_TARGET
 from .engines import MetricNames, metric_names
-
-LABEL_POLICY = "lookahead_dev_policy"
-LABEL_ROLE = "lookahead_dev_role"
-LABEL_TARGET = "lookahead_dev_target"
 
 #: How far before ``start`` to look for the baseline sample (Prometheus' own staleness limit).
 DEFAULT_LOOKBACK_S = 300.0

@@ -40,7 +40,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
-GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"
+from .api import ANNOTATION_ABORT, ANNOTATION_ABORT_REASON, ANNOTATION_APPROVE, GROUP, PLURAL, VERSION
+
 PROG = "kubectl-lookahead"
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FORBIDDEN = 0, 1, 2, 3, 4
@@ -80,13 +81,13 @@ def approve_patch(policy: dict) -> dict:
     if not decision.get("id") or decision.get("action") not in ("Promote", "PromoteRegimeAware"):
         raise GateError(f"nothing to approve: the policy's decision is {decision.get('action') or 'not made yet'} "
                         "(kubectl lookahead status shows it)")
-    return {"metadata": {"annotations": {f"{GROUP}/approve": decision["id"]}}}
+    return {"metadata": {"annotations": {ANNOTATION_APPROVE: decision["id"]}}}
 
 
 def abort_patch(reason: str | None = None) -> dict:
-    ann = {f"{GROUP}/abort": "true"}
+    ann = {ANNOTATION_ABORT: "true"}
     if reason:
-        ann[f"{GROUP}/abort-reason"] = reason[:256]
+        ann[ANNOTATION_ABORT_REASON] = reason[:256]
     return {"metadata": {"annotations": ann}}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lookahead_operator.devcluster import DevCluster, DevClusterError, DevPrometheus
+from lookahead_dev.devcluster import DevCluster, DevClusterError, DevPrometheus
 
 
 def _start(component) -> str | None:
@@ -56,12 +56,12 @@ def prometheus():
 
 @pytest.fixture(scope="session")
 def pod_harness(devcluster, prometheus):
-    """The kubelet stand-in (``lookahead_operator.podharness.PodHarness``) on Node
+    """The kubelet stand-in (``lookahead_dev.podharness.PodHarness``) on Node
     ``lookahead-harness``: runs the Pods of the dev cluster as local processes in the repository
     root, and registers annotated ones as Prometheus targets."""
     from pathlib import Path
 
-    from lookahead_operator.podharness import PodHarness
+    from lookahead_dev.podharness import PodHarness
 
     harness = PodHarness(kubeconfig=devcluster.kubeconfig, prometheus=prometheus,
                          workdir=Path(__file__).resolve().parents[1])

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from lookahead_operator.devcluster import free_port, kill_process_group, wait_for
+from lookahead_dev.devcluster import free_port, kill_process_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

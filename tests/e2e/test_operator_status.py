@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator import builders as b
-from lookahead_operator.devcluster import wait_for
+from lookahead_dev.devcluster import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"

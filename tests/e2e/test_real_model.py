@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator import builders as b
-from lookahead_operator.devcluster import wait_for
+from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import GROUP, PLURAL, VERSION, events_of, no_leftovers, sanitized, wait_phase
 

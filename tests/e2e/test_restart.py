@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator import builders as b
-from lookahead_operator.devcluster import wait_for
+from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, no_leftovers, policy, sanitized
 

@@ -25,7 +25,7 @@ from kubernetes import client
 
 from lookahead_canary.simulator import RooflineSimulator
 from lookahead_operator import builders as b
-from lookahead_operator.devcluster import wait_for
+from lookahead_dev.devcluster import wait_for
 from lookahead_operator.models import LookaheadPolicy
 
 from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, events_of, get_policy, no_leftovers, sanitized

@@ -18,8 +18,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from lookahead_operator import crdgen
-from lookahead_operator.devcluster import control_plane_binary
+from lookahead_dev import crdgen
+from lookahead_dev.devcluster import control_plane_binary
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from lookahead_operator.devcluster import K8S_VERSION, control_plane_binary, free_port, wait_for
+from lookahead_dev.devcluster import K8S_VERSION, control_plane_binary, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -168,14 +168,14 @@ def test_prometheus_scrapes_a_target_and_answers_queries(prometheus):
 
 
 def test_cli_up_status_down(tmp_path):
-    """`python -m lookahead_operator.devcluster up|status|down`, as `make cluster-up` runs it."""
+    """`python -m lookahead_dev.devcluster up|status|down`, as `make cluster-up` runs it."""
     import subprocess
     import sys
 
     from kubernetes import config
 
     state = tmp_path / "cluster"
-    cli = [sys.executable, "-m", "lookahead_operator.devcluster", "--state-dir", str(state)]
+    cli = [sys.executable, "-m", "lookahead_dev.devcluster", "--state-dir", str(state)]
     up = subprocess.run([*cli[:3], "up", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=180)
     try:
         assert up.returncode == 0, up.stderr
@@ -195,6 +195,6 @@ def test_cli_up_status_down(tmp_path):
         down = subprocess.run([*cli[:3], "down", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr
     assert not state.exists()
-    from lookahead_operator.podharness import alive
+    from lookahead_dev.podharness import alive
 
     assert alive(pids) == []

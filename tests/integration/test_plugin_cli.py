@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from lookahead_operator import plugin
-from lookahead_operator.devcluster import free_port, wait_for
+from lookahead_dev.devcluster import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 

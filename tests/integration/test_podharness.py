@@ -8,8 +8,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from lookahead_operator.devcluster import wait_for
-from lookahead_operator.podharness import alive, expand, prometheus_label_name
+from lookahead_dev.devcluster import wait_for
+from lookahead_dev.podharness import alive, expand, prometheus_label_name
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookahead_canary.bench_engine import load_prompts
+from lookahead_dev.bench_engine import load_prompts
 from lookahead_canary.decoding import GreedyDecoder, JacobiLookaheadDecoder, PromptLookupDecoder
 from lookahead_canary.models import chat_prompt, eos_ids, load_model
 

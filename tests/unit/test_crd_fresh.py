@@ -7,16 +7,17 @@ import sys
 
 import yaml
 
-from lookahead_operator import crdgen, models
+from lookahead_dev import crdgen
+from lookahead_operator import models
 
 
 def test_committed_crd_is_fresh():
     diffs = crdgen.check()
-    assert not diffs, "stale CRD; run `python3 -m lookahead_operator.crdgen`:\n" + "\n".join(diffs)
+    assert not diffs, "stale CRD; run `python3 -m lookahead_dev.crdgen`:\n" + "\n".join(diffs)
 
 
 def test_check_cli_exits_zero_when_fresh():
-    proc = subprocess.run([sys.executable, "-m", "lookahead_operator.crdgen", "--check"],
+    proc = subprocess.run([sys.executable, "-m", "lookahead_dev.crdgen", "--check"],
                           capture_output=True, text=True, cwd=crdgen.REPO_ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

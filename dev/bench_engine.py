@@ -1,7 +1,7 @@
 """Greedy vs lookahead (and prompt lookup) on the same prompts, side by side, at a sweep of batch
 sizes, on the reference engine's decoders.
 
-    python3 -m lookahead_canary.bench_engine [--model smollm2] [--prompts code]
+    python3 -m lookahead_dev.bench_engine [--model smollm2] [--prompts code]
         [--batch-sizes 1,2,4,8,16] [--max-tokens N] [--num-prompts N]
         [--lookahead '{"window":3,"ngram":4,"guess_set":2,"prompt_lookup_tokens":12}']
         [--ngram '{"num_speculative_tokens":8,"prompt_lookup_min":1,"prompt_lookup_max":4}']
@@ -115,7 +115,7 @@ def run_method(dec, prompts: list[tuple[list[int], int]], batch_size: int, on_st
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lookahead_canary.bench_engine", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m lookahead_dev.bench_engine", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--prompts", default="code", help="chat | code | summarize | path to a JSONL file")
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
@@ -132,8 +132,8 @@ def main(argv=None) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from .decoding import GreedyDecoder, JacobiLookaheadDecoder, PromptLookupDecoder
-    from .models import chat_prompt, eos_ids, load_model
+    from lookahead_canary.decoding import GreedyDecoder, JacobiLookaheadDecoder, PromptLookupDecoder
+    from lookahead_canary.models import chat_prompt, eos_ids, load_model
 
     err = Console(stderr=True)
     out = Console()

@@ -1,7 +1,7 @@
 """A kubelet stand-in for tests: runs Pods of a real apiserver as local processes.
 
 Nothing in this project runs containers, so ``PodHarness`` plays kubelet and scheduler for one
-Node object against a real ``kube-apiserver`` (see ``lookahead_operator.devcluster``):
+Node object against a real ``kube-apiserver`` (see ``lookahead_dev.devcluster``):
 
 * It registers a Node (default name ``lookahead-harness``) that is ``Ready``, with address
   127.0.0.1, and keeps it alive (renews its Lease in ``kube-node-lease``).
@@ -675,14 +675,14 @@ def alive(pids: Iterable[int]) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lookahead_operator.podharness --kubeconfig FILE [--prometheus-dir DIR]``: run the
+    """``python -m lookahead_dev.podharness --kubeconfig FILE [--prometheus-dir DIR]``: run the
     harness in the foreground until SIGTERM/SIGINT (``devcluster up`` starts it this way)."""
     import argparse
     import signal
 
     from .devcluster import DevPrometheus
 
-    ap = argparse.ArgumentParser(prog="python -m lookahead_operator.podharness", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m lookahead_dev.podharness", description=main.__doc__)
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--prometheus-dir", help="state dir of a DevPrometheus started by `devcluster up`")
     ap.add_argument("--node-name", default="lookahead-harness")

@@ -4,19 +4,19 @@
 (built from the Go module proxy by ``bash hack/build-control-plane.sh`` into
 ``${LOOKAHEAD_CACHE:-~/.cache/lookahead-rollout}/controlplane-<version>/bin``) on free loopback
 ports, with RBAC authorization, service-account tokens, and an admin kubeconfig. There is no
-kubelet and no scheduler: see ``lookahead_operator.podharness`` for the stand-in that runs Pods.
+kubelet and no scheduler: see ``lookahead_dev.podharness`` for the stand-in that runs Pods.
 
 ``DevPrometheus`` runs Debian's ``/usr/bin/prometheus`` on a free loopback port, scraping every
 second the targets written by ``set_targets`` (file-based service discovery).
 
 By hand::
 
-    python -m lookahead_operator.devcluster up       # prints `export KUBECONFIG=...` and the Prometheus URL
+    python -m lookahead_dev.devcluster up       # prints `export KUBECONFIG=...` and the Prometheus URL
     export PATH=$LOOKAHEAD_CACHE/controlplane-<version>/bin:$PATH   # kubectl, helm
-    python -m lookahead_operator.devcluster status
-    python -m lookahead_operator.devcluster down
+    python -m lookahead_dev.devcluster status
+    python -m lookahead_dev.devcluster down
 
-``up`` also starts the pod harness (``lookahead_operator.podharness``) as a detached process,
+``up`` also starts the pod harness (``lookahead_dev.podharness``) as a detached process,
 so Pods created by hand run as local processes and annotated ones are scraped by Prometheus
 (``--no-pod-harness`` to skip it). The state directory (certificates, etcd data, logs, kubeconfig, PIDs) is ``--state-dir``, else
 ``$LOOKAHEAD_DEVCLUSTER_DIR``, else ``./.cluster``.
@@ -768,9 +768,9 @@ def cmd_up(d: Path, harness: bool = True) -> int:
 
 
 def _start_harness(d: Path, cluster: DevCluster) -> int:
-    """Run ``python -m lookahead_operator.podharness`` detached; wait until its Node is Ready."""
+    """Run ``python -m lookahead_dev.podharness`` detached; wait until its Node is Ready."""
     proc = _Proc("pod-harness", [
-        sys.executable, "-m", "lookahead_operator.podharness",
+        sys.executable, "-m", "lookahead_dev.podharness",
         "--kubeconfig", str(cluster.kubeconfig),
         "--prometheus-dir", str(d / "prometheus"),
         "--log-dir", str(d / "pods"),
@@ -828,7 +828,7 @@ def cmd_status(d: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lookahead_operator.devcluster", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lookahead_dev.devcluster", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="default: $LOOKAHEAD_DEVCLUSTER_DIR or ./.cluster")

@@ -8,11 +8,15 @@ Measures, side by side in one run:
   audit log (every request whose user agent is the operator's: Kopf's or our client's);
 - the operator's resident memory (psutil).
 
-Targets are Deployments with zero replicas (nothing needs to run): each policy claims its target,
-runs its preflight against a real (empty) Prometheus, which finds no fleet metrics and degrades
-to Unknown (measurement would go ahead), creates its canary and control, and then waits in
-Launching for pods that never come: the steady state of a policy holding a canary.
-Prints a table, then one JSON object as the last line.
+Targets are Deployments with zero replicas (nothing needs to run): each active policy claims its
+target, runs its preflight against a real (empty) Prometheus, which finds no fleet metrics and
+degrades to Unknown (measurement would go ahead), creates its canary and control, and then waits
+in Launching for pods that never come: the steady state of a policy holding a canary.
+Beside them, as many *finished* policies (refused at once: ``load.mode: live`` is not
+implemented, so they end Failed) show what a policy costs once it has nothing left to do; the
+target is 0 requests. Requests are attributed to a policy by the namespace they touch (each
+policy has its own) or, for cluster-wide list calls, by the policy namespace in their label
+selector. Prints a table, then one JSON object as the last line.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -50,10 +55,13 @@ def _deployment(ns: str) -> dict:
                                                            "args": ["--port", "8000"]}]}}}}
 
 
-def _policy(ns: str, prometheus_url: str) -> dict:
+def _policy(ns: str, prometheus_url: str, finished: bool = False) -> dict:
+    load = {"batchSizes": [1, 8]}
+    if finished:
+        load.update({"mode": "live", "livePercent": "5%"})  # refused at once: ends Failed
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LookaheadPolicy", "metadata": {"name": "bench", "namespace": ns},
             "spec": {"targets": {"selector": {"matchLabels": {"app": "llm"}}}, "engine": "reference",
-                     "load": {"batchSizes": [1, 8]}, "promotion": {"mode": "analysisOnly", "waves": ["100%"]},
+                     "load": load, "promotion": {"mode": "analysisOnly", "waves": ["100%"]},
                      "analysis": {"prometheus": {"url": prometheus_url}}}}
 
 
@@ -64,9 +72,13 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def _operator_requests(audit_log: Path, since: float, until: float) -> int:
+_POLICY_NS = re.compile(r"lookahead\.dev%2Fpolicy-namespace%3D([a-z0-9-]+)")
+
+
+def _operator_requests(audit_log: Path, since: float, until: float) -> dict[str, dict[str, int]]:
+    """Operator requests in [since, until), by the namespace they concern ("" when none), by verb."""
     from datetime import datetime
-    n = 0
+    out: dict[str, dict[str, int]] = {}
     with open(audit_log) as f:
         for line in f:
             try:
@@ -80,11 +92,25 @@ def _operator_requests(audit_log: Path, since: float, until: float) -> int:
                 continue
             t = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
             if since <= t < until:
-                n += 1
-    return n
+                ns = (ev.get("objectRef") or {}).get("namespace") or ""
+                m = _POLICY_NS.search(ev.get("requestURI", ""))
+                if m:
+                    ns = m.group(1)
+                verbs = out.setdefault(ns, {})
+                verbs[ev.get("verb", "?")] = verbs.get(ev.get("verb", "?"), 0) + 1
+    return out
 
 
-def run(policies: int, steady_s: float, tick_s: float) -> dict:
+def _sum(counts: dict[str, dict[str, int]], namespaces) -> tuple[int, dict[str, int]]:
+    total, verbs = 0, {}
+    for ns in namespaces:
+        for verb, n in counts.get(ns, {}).items():
+            total += n
+            verbs[verb] = verbs.get(verb, 0) + n
+    return total, verbs
+
+
+def run(policies: int, steady_s: float, poll_s: float, finished: int) -> dict:
     from kubernetes import client, watch
 
     from .devcluster import DevCluster, DevPrometheus, free_port, wait_for
@@ -107,10 +133,11 @@ def run(policies: int, steady_s: float, tick_s: float) -> dict:
                              ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}").status.conditions or []),
                  30, "CRD established")
         namespaces = [f"bench-{i:03d}" for i in range(policies)]
-        for ns in namespaces:
+        done_namespaces = [f"done-{i:03d}" for i in range(finished)]
+        for ns in namespaces + done_namespaces:
             core.create_namespace({"metadata": {"name": ns}})
             apps.create_namespaced_deployment(ns, _deployment(ns))
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "LOOKAHEAD_TICK_SECONDS": str(tick_s),
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "LOOKAHEAD_POLL_SECONDS": str(poll_s),
                "LOOKAHEAD_METRICS_PORT": str(free_port()), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1"}
         log = open(state / "operator.log", "wb")
         op = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m",
@@ -145,8 +172,16 @@ def run(policies: int, steady_s: float, tick_s: float) -> dict:
         for ns in track(namespaces, description="applying policies"):
             custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _policy(ns, prometheus.url))
             created[ns] = time.time()
+        for ns in track(done_namespaces, description="applying finished policies"):
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _policy(ns, prometheus.url, True))
         wait_for(lambda: len(seen) >= policies, 600, "every canary created", interval=0.5)
         latencies = [seen[ns] - created[ns] for ns in namespaces]
+
+        def all_finished():
+            return all((custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "bench").get("status") or {})
+                       .get("phase") == "Failed" for ns in done_namespaces)
+
+        wait_for(all_finished, 600, "every finished policy Failed", interval=1.0)
         t0 = time.time()
         rss_samples = []
         while time.time() - t0 < steady_s:
@@ -155,16 +190,24 @@ def run(policies: int, steady_s: float, tick_s: float) -> dict:
         t1 = time.time()
         done.set()
         time.sleep(2.5)  # the audit log is written in 1 s batches: let the window's last batch land
-        requests = _operator_requests(audit_log, t0, t1)
+        counts = _operator_requests(audit_log, t0, t1)
+        minutes = (t1 - t0) / 60
+        requests, verbs = _sum(counts, set(counts) - set(done_namespaces))
+        done_requests, done_verbs = _sum(counts, done_namespaces)
         return {
             "policies": policies,
-            "tick_seconds": tick_s,
+            "finished_policies": finished,
+            "poll_seconds": poll_s,
             "steady_seconds": round(t1 - t0, 1),
             "apply_to_canary_median_s": round(statistics.median(latencies), 3),
             "apply_to_canary_p95_s": round(_percentile(latencies, 0.95), 3),
             "apply_to_canary_max_s": round(max(latencies), 3),
             "api_requests_total": requests,
-            "api_requests_per_policy_per_min": round(requests / policies / ((t1 - t0) / 60), 2),
+            "api_requests_per_policy_per_min": round(requests / policies / minutes, 2),
+            "api_requests_by_verb": verbs,
+            "finished_api_requests_total": done_requests,
+            "finished_api_requests_per_policy_per_min": round(done_requests / max(1, finished) / minutes, 3),
+            "finished_api_requests_by_verb": done_verbs,
             "rss_mb": round(statistics.median(rss_samples), 1),
             "rss_max_mb": round(max(rss_samples), 1),
         }
@@ -180,15 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", type=int, default=50)
     ap.add_argument("--steady", type=float, default=120, help="seconds of steady state to count requests over")
-    ap.add_argument("--tick", type=float, default=5, help="the operator's reconcile interval (seconds)")
+    ap.add_argument("--finished", type=int, default=None,
+                    help="finished policies beside the active ones (default: as many as --policies)")
+    ap.add_argument("--poll", type=float, default=5,
+                    help="the operator's poll interval for what only a poll shows (LOOKAHEAD_POLL_SECONDS)")
     args = ap.parse_args(argv)
-    result = run(args.policies, args.steady, args.tick)
+    result = run(args.policies, args.steady, args.poll, args.policies if args.finished is None else args.finished)
     from rich.console import Console
     from rich.table import Table
 
     t = Table("figure", "value", title=f"{args.policies} concurrent policies, one operator process")
     for k, v in result.items():
-        t.add_row(k, str(v))
+        t.add_row(k, json.dumps(v) if isinstance(v, dict) else str(v))
     Console(stderr=False).print(t)
     print(json.dumps(result))
     return 0
