@@ -601,7 +601,7 @@ class JacobiLookaheadDecoder(_BaseDecoder):
 
     def _propose(self, seq: _Seq) -> _Proposal:
         st: _LookaheadState = seq.state
-        W, N = self.W, self.N
+        W = self.W
         pending = seq.tokens[-1]
         room = seq.max_new - seq.n_gen - 1  # drafts beyond this can never be used
         chains: list[list[int]] = []

@@ -39,7 +39,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time

@@ -45,6 +45,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import specconfig
 from .metrics import EngineMetrics
 from .scheduler import (
     ErrorEvent,
@@ -63,56 +64,14 @@ DEFAULT_MAX_TOKENS_CHAT = 256
 SIM_MAX_MODEL_LEN = 8192
 MAX_STOP_STRINGS = 16
 
-JACOBI_DEFAULTS = {"window": 7, "ngram": 5, "guess_set": 7, "prompt_lookup_tokens": 0}
-NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-# jacobi switches: advance the Jacobi window on steps that also verify a prompt-lookup draft
-JACOBI_FLAGS = {"window_with_draft": True}
-
-
 # ---------------------------------------------------------------------------------------------
 # command line
 def _speculative_config(text: str) -> dict[str, Any]:
-    """Parse and validate ``--speculative-config`` (vLLM's shape), filling defaults."""
+    """Parse and validate ``--speculative-config`` (``lookahead_canary.specconfig``), filling defaults."""
     try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    if not isinstance(spec, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    method = spec.get("method")
-    if method == "jacobi":
-        allowed = JACOBI_DEFAULTS
-    elif method == "ngram":
-        allowed = NGRAM_DEFAULTS
-    else:
-        raise argparse.ArgumentTypeError(
-            f"method must be \"jacobi\" or \"ngram\", got {method!r}")
-    flags = JACOBI_FLAGS if method == "jacobi" else {}
-    unknown = sorted(set(spec) - set(allowed) - set(flags) - {"method"})
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown keys for method {method}: {unknown} (known: {sorted(allowed)})")
-    out: dict[str, Any] = {"method": method}
-    for key, default in flags.items():
-        value = spec.get(key, default)
-        if not isinstance(value, bool):
-            raise argparse.ArgumentTypeError(f"{key} must be true or false, got {value!r}")
-        out[key] = value
-    for key, default in allowed.items():
-        value = spec.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise argparse.ArgumentTypeError(f"{key} must be an integer, got {value!r}")
-        out[key] = value
-    if method == "jacobi":
-        if (out["window"] < 1 or out["ngram"] < 2 or out["guess_set"] < 0
-                or out["prompt_lookup_tokens"] < 0):
-            raise argparse.ArgumentTypeError(
-                "need window >= 1, ngram >= 2, guess_set >= 0, prompt_lookup_tokens >= 0")
-    else:
-        if out["num_speculative_tokens"] < 1 or not 1 <= out["prompt_lookup_min"] <= out["prompt_lookup_max"]:
-            raise argparse.ArgumentTypeError(
-                "need num_speculative_tokens >= 1 and 1 <= prompt_lookup_min <= prompt_lookup_max")
-    return out
+        return specconfig.parse(text)
+    except specconfig.SpecConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

@@ -27,11 +27,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import base64
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -43,6 +41,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence, TypeVar
+
+from lookahead_canary import process
 
 # Keep in step with K8S_VERSION in hack/build-control-plane.sh (a test checks it).
 K8S_VERSION = "v1.36.3"
@@ -140,43 +140,8 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except OSError:
-        return False
-
-
-def kill_process_group(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM the process group led by ``pid``; SIGKILL it if it outlives ``timeout``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not _pid_alive(pid):
-                return
-            time.sleep(0.05)
+_pid_alive = process.pid_alive
+kill_process_group = process.kill_process_group
 
 
 class _Proc:
@@ -186,16 +151,7 @@ class _Proc:
         self.name = name
         self.argv = list(argv)
         self.log = log
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=dict(env) if env is not None else None,
-            )
+        self.popen = process.start(self.argv, log, env=env)
         self.pid = self.popen.pid
 
     def dead(self) -> str | None:
@@ -205,10 +161,7 @@ class _Proc:
         return f"{self.name} exited with code {code}; last lines of {self.log}:\n{_tail(self.log)}"
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is None:
-            kill_process_group(self.pid, timeout)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=timeout)
+        process.stop(self.popen, timeout)
 
 
 def _first_dead(procs: Iterable[_Proc]) -> Callable[[], str | None]:

@@ -22,7 +22,6 @@ so the client-side numbers can be checked against what the engine recorded.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -42,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
-from lookahead_canary import loadgen, units
+from lookahead_canary import loadgen, process, units
 from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 
 from . import engines
@@ -110,10 +109,7 @@ class EngineProcess:
             self.port = free_port()
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix=f"lookahead-{self.role}-")) / "engine.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.popen = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
+        self.popen = process.start(self.argv(), self.log_path)
         return self
 
     def log_tail(self, lines: int = 25) -> str:
@@ -149,16 +145,7 @@ class EngineProcess:
             time.sleep(poll_s)
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
-            try:
-                self.popen.wait(timeout)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        process.stop(self.popen, timeout)
 
     def __enter__(self) -> "EngineProcess":
         return self.start()

@@ -51,6 +51,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
+from lookahead_canary import specconfig
+
 Engine = Literal["vllm", "sglang", "trtllm", "reference"]
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm", "reference")
 METHODS: tuple[str, ...] = ("jacobi", "ngram", "ngram_gpu", "suffix")
@@ -1390,19 +1392,23 @@ _MAX_BATCH = "--lookahead-max-batch-size"
 
 
 def reference_speculative_config(lookahead_spec: Any) -> str:
+    """The reference engine's ``--speculative-config`` (``lookahead_canary.specconfig``: the same
+    model the engine parses it with)."""
     p = lookahead_params(lookahead_spec)
     if p.method == "jacobi":
-        cfg: dict[str, Any] = {"method": "jacobi", "window": p.window, "ngram": p.ngram, "guess_set": p.guess_set}
         if p.prompt_lookup_tokens:
             # The original implementation seeds candidates from the prompt too; on steps with such a
             # draft the Jacobi window is skipped (fewer query tokens: see docs/benchmarks/engine-cpu.md).
-            cfg.update(prompt_lookup_tokens=p.prompt_lookup_tokens, window_with_draft=False)
+            cfg = specconfig.JacobiConfig(window=p.window, ngram=p.ngram, guess_set=p.guess_set,
+                                          prompt_lookup_tokens=p.prompt_lookup_tokens, window_with_draft=False)
+        else:
+            cfg = specconfig.JacobiConfig(window=p.window, ngram=p.ngram, guess_set=p.guess_set)
     elif p.method == "ngram":
-        cfg = {"method": "ngram", "num_speculative_tokens": p.num_speculative_tokens,
-               "prompt_lookup_min": p.prompt_lookup_min, "prompt_lookup_max": p.prompt_lookup_max}
+        cfg = specconfig.NgramConfig(num_speculative_tokens=p.num_speculative_tokens,
+                                     prompt_lookup_min=p.prompt_lookup_min, prompt_lookup_max=p.prompt_lookup_max)
     else:
         raise EngineError(f"the reference engine has no {p.method!r} method (it runs jacobi and ngram)")
-    return json.dumps(cfg, separators=(",", ":"))
+    return specconfig.render(cfg)
 
 
 def reference_render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None) -> dict:

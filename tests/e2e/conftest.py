@@ -3,18 +3,17 @@ real `kopf run` process against it, with the pod harness standing in for kubelet
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
 
-from lookahead_dev.devcluster import free_port, kill_process_group, wait_for
+from lookahead_canary import process
+from lookahead_dev.devcluster import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,14 +46,12 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "LOOKAHEAD_POLL_SECONDS": "1",
                "LOOKAHEAD_METRICS_PORT": str(self.metrics_port), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1",
                "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m",
-             "lookahead_operator.handlers"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = process.start([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m",
+                                   "lookahead_operator.handlers"], self.log_dir / f"operator-{self.starts}.log",
+                                  env=env, cwd=REPO)
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, as when a node dies."""
@@ -64,9 +61,8 @@ class OperatorProcess:
         self.proc = None
 
     def stop(self) -> None:
-        if self.proc is not None:
-            kill_process_group(self.proc.pid)
-            self.proc = None
+        process.stop(self.proc)
+        self.proc = None
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.log_dir.glob("operator-*.log")))
