@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from . import builders as b
-from . import conditions, engines, measure, metrics
+from . import conditions, engines, fleet, loadjobs, measure, metrics
 from . import statemachine as sm
 from .conditions import Fact
 from .kube import Kube
@@ -241,13 +241,13 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
 
     namespaces = k.target_namespaces(meta["namespace"], _dump(spec.targets.namespace_selector),
                                      spec.targets.namespaces)
-    found = [measure.target_of(d, spec.engine) for d in k.deployments(namespaces, _dump(spec.targets.selector))]
+    found = [fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, _dump(spec.targets.selector))]
     keys = {t.key for t in found}
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in _known_targets(k, status, spec.engine) if t.key not in keys]
     roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
     world.roles_present = {r: r in roles for r in b.ROLES}
-    world.roles_ready = {r: measure.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
+    world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
     world.support_problems = _support_problems(k, spec, world.targets, status.phase)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
@@ -273,7 +273,7 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, targets: list[sm.Targe
     check = getattr(engines, "support_problems", None)
     if check is None or phase not in (Phase.Pending, Phase.Preflight) or not targets:
         return []
-    source = measure.reference_target(targets)
+    source = fleet.reference_target(targets)
     d = k.get_deployment(*source.key)
     if d is None:
         return []
@@ -295,7 +295,7 @@ def _known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Ta
     for row in status.targets or []:
         d = k.get_deployment(row.namespace, row.name)
         if d is not None:
-            out.append(measure.target_of(d, engine or row.engine))
+            out.append(fleet.target_of(d, engine or row.engine))
     return out
 
 
@@ -351,7 +351,7 @@ def _ensure_roles(c: Ctx, a: sm.Action) -> None:
     roles = {r for r, present in w.roles_present.items() if present}
     if all(r in roles for r in b.ROLES):
         return
-    source = measure.reference_target(w.targets)
+    source = fleet.reference_target(w.targets)
     d = c.k.get_deployment(*source.key)
     if d is None:
         raise ValueError(f"target {source.namespace}/{source.name} disappeared")
@@ -370,22 +370,22 @@ def _ensure_roles(c: Ctx, a: sm.Action) -> None:
 
 def _ensure_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
-    source = measure.reference_target(w.targets)
+    source = fleet.reference_target(w.targets)
     pods = {role: c.k.role_pods(source.namespace, w.namespace, w.name, role) for role in b.ROLES}
-    for job in measure.load_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods):
+    for job in loadjobs.step_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods):
         c.k.create_if_absent(job)
 
 
 def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
-    newest = measure.newest_promoted(w.targets)
+    newest = fleet.newest_promoted(w.targets)
     d = c.k.get_deployment(*newest.key) if newest else None
     if d is None:
         return
-    source = measure.reference_target(w.targets)
+    source = fleet.reference_target(w.targets)
     control = c.k.role_pods(source.namespace, w.namespace, w.name, "control")
     fleet_pods = c.k.pods(newest.namespace, d["spec"]["selector"])
-    for job in measure.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, fleet_pods, control):
+    for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, fleet_pods, control):
         c.k.create_if_absent(job)
 
 
@@ -406,7 +406,7 @@ def _promote(c: Ctx, a: sm.Action) -> None:
         if b.original_template(d) is None:  # claimed before, but be safe: save first
             c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
             d = c.k.get_deployment(ns, name)
-        engine = measure.target_of(d, c.spec.engine).engine or "reference"
+        engine = fleet.target_of(d, c.spec.engine).engine or "reference"
         patch = b.promote_patch(d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
                                 engines.is_engine_container, a.decision_id)
         c.k.patch_deployment(ns, name, patch)

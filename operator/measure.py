@@ -13,7 +13,6 @@ independent samples; overlapping windows would make intervals too narrow):
 from __future__ import annotations
 
 import math
-import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -27,49 +26,6 @@ from .models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec,
 from .preflight import preflight as run_preflight
 from .preflight import production_batch_sizes
 from .statistics import SequentialComparison, Thresholds
-DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
-
-
-# --- the fleet, as the state machine sees it ----------------------------------------------------
-
-def target_of(deployment: dict, spec_engine: Any) -> sm.Target:
-    meta = deployment["metadata"]
-    ann = meta.get("annotations") or {}
-    engine = getattr(spec_engine, "value", spec_engine)
-    if engine in (None, "auto"):
-        engine = engines.detect_engine(deployment["spec"]["template"])
-    return sm.Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
-                     owner=ann.get(b.ANNOTATION_OWNER), saved=bool(ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE)),
-                     promoted=ann.get(b.ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
-                     rollout_failed=rollout_failed(deployment))
-
-
-def deployment_ready(d: dict) -> bool:
-    """The latest template is rolled out: observed, updated and ready on every replica."""
-    spec, status = d.get("spec") or {}, d.get("status") or {}
-    want = int(spec.get("replicas", 1) or 0)
-    return (int(status.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0)
-            and int(status.get("updatedReplicas") or 0) >= want
-            and int(status.get("readyReplicas") or 0) >= want
-            and int(status.get("replicas") or 0) == want)
-
-
-def rollout_failed(d: dict) -> str | None:
-    """The Deployment controller's own verdict on the latest rollout: its Progressing condition
-    with reason ProgressDeadlineExceeded (for the generation it has observed), in words."""
-    status = d.get("status") or {}
-    if int(status.get("observedGeneration") or 0) < int(d["metadata"].get("generation") or 0):
-        return None
-    for c in status.get("conditions") or []:
-        if c.get("type") == "Progressing" and c.get("status") == "False" \
-                and c.get("reason") == "ProgressDeadlineExceeded":
-            return c.get("message") or "ProgressDeadlineExceeded"
-    return None
-
-
-def reference_target(targets: list[sm.Target]) -> sm.Target:
-    """The target whose pod template the canary and control are cloned from (stable choice)."""
-    return sorted(targets, key=lambda t: t.key)[0]
 
 
 def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
@@ -290,60 +246,3 @@ def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
              f"{r.interval[1] * 100:+.1f}%] vs the control ({th.confidence * 100:g}% CS, "
              f"n={r.n_canary}/{r.n_control})")
     return sm.GuardCheck(r.verdict.value == "Worse", words)
-
-
-def newest_promoted(targets: list[sm.Target]) -> sm.Target | None:
-    """The target promoted last (waves promote targets in their stable order)."""
-    promoted = sorted((t for t in targets if t.promoted), key=lambda t: t.key)
-    return promoted[-1] if promoted else None
-
-
-def _load_image(spec: LookaheadPolicySpec) -> str:
-    return spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
-
-
-def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, batch_size: int,
-               newest: sm.Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
-    """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
-    pods carry the decision id), one on a ready control pod."""
-    promoted_pods = [p for p in fleet_pods
-                     if (p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
-                     and not p["metadata"].get("deletionTimestamp")]
-    duration = (spec.promotion.guard.duration + spec.promotion.wave_duration).total_seconds()
-    jobs = []
-    for role, pods in (("promoted", promoted_pods), ("control", control_pods)):
-        ready = sorted((p for p in pods if (p.get("status") or {}).get("podIP") and _pod_ready(p)),
-                       key=lambda p: p["metadata"]["name"])
-        if not ready:
-            return []  # both or neither: a one-sided load would compare nothing
-        pod = ready[0]
-        url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
-        jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
-                                     duration, _load_image(spec), spec.load.prompts,
-                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
-    return jobs
-
-
-def load_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
-              pods_by_role: dict[str, list[dict]]) -> list[dict]:
-    """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
-    (its pod IP and serving port: no Service or DNS needed)."""
-    duration = spec.load.step_duration.total_seconds()
-    jobs = []
-    for role in b.ROLES:
-        pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and _pod_ready(p)]
-        if not pods:
-            continue
-        pod = sorted(pods, key=lambda p: p["metadata"]["name"])[0]
-        port = b.container_port(pod["spec"]["containers"][0])
-        url = f"http://{pod['status']['podIP']}:{port}"
-        jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
-                                     _load_image(spec), spec.load.prompts))
-    return jobs
-
-
-def _pod_ready(pod: dict) -> bool:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return False

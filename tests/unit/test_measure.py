@@ -8,7 +8,10 @@ import pytest
 
 from lookahead_operator import statemachine as sm
 from lookahead_operator.decision import BatchVerdict, decide
-from lookahead_operator.measure import guard_jobs, load_jobs, newest_promoted, thresholds, verdict_from_row
+from lookahead_operator.fleet import newest_promoted
+from lookahead_operator.loadjobs import guard_jobs
+from lookahead_operator.loadjobs import step_jobs as load_jobs
+from lookahead_operator.measure import thresholds, verdict_from_row
 from lookahead_operator.models import BatchResult, LookaheadPolicySpec, LookaheadPolicyStatus
 from lookahead_operator.statistics import SequentialComparison, Thresholds
 

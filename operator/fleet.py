@@ -1,0 +1,63 @@
+"""The fleet as the state machine sees it: a target Deployment's ownership, promotion and rollout
+state (``statemachine.Target``), read off the Deployment object. Pure functions of API objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import builders as b
+from . import engines
+from . import statemachine as sm
+
+
+def target_of(deployment: dict, spec_engine: Any) -> sm.Target:
+    meta = deployment["metadata"]
+    ann = meta.get("annotations") or {}
+    engine = getattr(spec_engine, "value", spec_engine)
+    if engine in (None, "auto"):
+        engine = engines.detect_engine(deployment["spec"]["template"])
+    return sm.Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
+                     owner=ann.get(b.ANNOTATION_OWNER), saved=bool(ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE)),
+                     promoted=ann.get(b.ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
+                     rollout_failed=rollout_failed(deployment))
+
+
+def deployment_ready(d: dict) -> bool:
+    """The latest template is rolled out: observed, updated and ready on every replica."""
+    spec, status = d.get("spec") or {}, d.get("status") or {}
+    want = int(spec.get("replicas", 1) or 0)
+    return (int(status.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0)
+            and int(status.get("updatedReplicas") or 0) >= want
+            and int(status.get("readyReplicas") or 0) >= want
+            and int(status.get("replicas") or 0) == want)
+
+
+def rollout_failed(d: dict) -> str | None:
+    """The Deployment controller's own verdict on the latest rollout: its Progressing condition
+    with reason ProgressDeadlineExceeded (for the generation it has observed), in words."""
+    status = d.get("status") or {}
+    if int(status.get("observedGeneration") or 0) < int(d["metadata"].get("generation") or 0):
+        return None
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Progressing" and c.get("status") == "False" \
+                and c.get("reason") == "ProgressDeadlineExceeded":
+            return c.get("message") or "ProgressDeadlineExceeded"
+    return None
+
+
+def reference_target(targets: list[sm.Target]) -> sm.Target:
+    """The target whose pod template the canary and control are cloned from (stable choice)."""
+    return sorted(targets, key=lambda t: t.key)[0]
+
+
+def newest_promoted(targets: list[sm.Target]) -> sm.Target | None:
+    """The target promoted last (waves promote targets in their stable order)."""
+    promoted = sorted((t for t in targets if t.promoted), key=lambda t: t.key)
+    return promoted[-1] if promoted else None
+
+
+def pod_ready(pod: dict) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False

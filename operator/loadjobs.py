@@ -1,0 +1,58 @@
+"""The load Jobs that drive canary, control and promoted pods: which pods, at which concurrency,
+for how long, with which prompts. Pure: the policy's spec and the pods as read -> Job bodies
+(``builders.build_load_job`` renders each)."""
+
+from __future__ import annotations
+
+import os
+
+from . import builders as b
+from . import statemachine as sm
+from .fleet import pod_ready
+from .models import LookaheadPolicySpec
+
+DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
+
+
+def _load_image(spec: LookaheadPolicySpec) -> str:
+    return spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
+
+
+def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, batch_size: int,
+               newest: sm.Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
+    """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
+    pods carry the decision id), one on a ready control pod."""
+    promoted_pods = [p for p in fleet_pods
+                     if (p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
+                     and not p["metadata"].get("deletionTimestamp")]
+    duration = (spec.promotion.guard.duration + spec.promotion.wave_duration).total_seconds()
+    jobs = []
+    for role, pods in (("promoted", promoted_pods), ("control", control_pods)):
+        ready = sorted((p for p in pods if (p.get("status") or {}).get("podIP") and pod_ready(p)),
+                       key=lambda p: p["metadata"]["name"])
+        if not ready:
+            return []  # both or neither: a one-sided load would compare nothing
+        pod = ready[0]
+        url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
+        jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
+                                     duration, _load_image(spec), spec.load.prompts,
+                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
+    return jobs
+
+
+def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
+              pods_by_role: dict[str, list[dict]]) -> list[dict]:
+    """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
+    (its pod IP and serving port: no Service or DNS needed)."""
+    duration = spec.load.step_duration.total_seconds()
+    jobs = []
+    for role in b.ROLES:
+        pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and pod_ready(p)]
+        if not pods:
+            continue
+        pod = sorted(pods, key=lambda p: p["metadata"]["name"])[0]
+        port = b.container_port(pod["spec"]["containers"][0])
+        url = f"http://{pod['status']['podIP']}:{port}"
+        jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
+                                     _load_image(spec), spec.load.prompts))
+    return jobs
