@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -26,7 +28,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from . import builders as b
-from . import conditions, engines, fleet, loadjobs, measure, metrics
+from . import api, cache, conditions, engines, fleet, loadjobs, measure, metrics
 from . import statemachine as sm
 from .conditions import Fact
 from .kube import Kube
@@ -44,7 +46,9 @@ from .statemachine import ActionKind
 log = logging.getLogger("lookahead_operator")
 
 MAX_PASSES = 4            # passes chained within one wake-up while phases move on at once
-POLL_S = float(os.environ.get("LOOKAHEAD_POLL_SECONDS", "5"))  # statemachine.Observed.poll_s
+# statemachine.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
+# waits on wake it at once, and a pass that finds nothing new reads only the watched caches.
+POLL_S = float(os.environ.get("LOOKAHEAD_POLL_SECONDS", "30"))
 ERROR_BACKOFF_S = float(os.environ.get("LOOKAHEAD_ERROR_BACKOFF_SECONDS", "5"))
 _kube: Kube | None = None
 _wakers: dict[str, asyncio.Event] = {}
@@ -78,12 +82,54 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     kube()
 
 
+@kopf.on.startup()
+async def threads(**_) -> None:
+    """Passes run in threads (the Kubernetes client blocks): enough of them that hundreds of
+    policies applied at once do not queue behind each other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = int(os.environ.get("LOOKAHEAD_PASS_THREADS", "64"))
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(workers, thread_name_prefix="pass"))
+
+
 @kopf.on.probe(id="reconciles")
 def probe(**_) -> float:
     return metrics.RECONCILES._value.get()
 
 
-# --- scheduling -----------------------------------------------------------------------------------
+# --- watched caches (reads come from these, not from list calls) -------------------------------------
+
+@kopf.index("namespaces")
+def namespace_labels(name, labels, **_):
+    return {name: dict(labels)}
+
+
+@kopf.index("apps", "v1", "deployments")
+def deployments_by_namespace(namespace, body, **_):
+    return {namespace: cache.snapshot_of(body)}
+
+
+@kopf.index("pods", labels={api.LABEL_POLICY: kopf.PRESENT})
+def pods_by_policy(labels, body, **_):
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.snapshot_of(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels={api.LABEL_ROLE: "loadgen"})
+def jobs_by_policy(labels, body, **_):
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.snapshot_of(body)}
+
+
+# --- scheduling: a daemon per policy, woken by changes -------------------------------------------------
+
+_uid_by_key: dict[str, str] = {}     # "namespace/name" of a policy -> its uid (for wake-ups)
+_pending: set[str] = set()           # policies waiting for their targets to appear
+
+
+def _wake(key: str) -> None:
+    uid = _uid_by_key.get(key)
+    if uid in _wakers:
+        _wakers[uid].set()
+
 
 def _signature(meta) -> tuple:
     ann = meta.get("annotations") or {}
@@ -102,17 +148,46 @@ async def wake(meta, **_) -> None:
             _wakers[uid].set()
 
 
+@kopf.on.event("apps", "v1", "deployments")
+async def wake_on_deployment(meta, **_) -> None:
+    """A canary/control or a claimed target changed (created, ready, rolled out, failed): wake its
+    policy; any other Deployment may be a new target for a policy still looking for its fleet."""
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    if labels.get(api.LABEL_POLICY) and labels.get(api.LABEL_POLICY_NAMESPACE):
+        _wake(f"{labels[api.LABEL_POLICY_NAMESPACE]}/{labels[api.LABEL_POLICY]}")
+    elif ann.get(api.ANNOTATION_OWNER):
+        _wake(ann[api.ANNOTATION_OWNER])
+    else:
+        for key in list(_pending):
+            _wake(key)
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30.0)
-async def run(stopped, meta, **_) -> None:
+async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy,
+              **_) -> None:
     uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
+    key = f"{namespace}/{name}"
+    _uid_by_key[key] = uid
     wake_event = _wakers.setdefault(uid, asyncio.Event())
+    written: tuple[frozenset, dict] | None = None   # (resourceVersions our writes replaced, the object as written)
     try:
         while not stopped:
             wake_event.clear()
+            raw = cache.snapshot_of(body)   # the live body, as of now
+            if raw["metadata"].get("deletionTimestamp"):
+                break
+            if written is not None and raw["metadata"].get("resourceVersion") in written[0]:
+                raw = written[1]            # our own status write has not come back through the watch yet
+            spec, error = parse_spec(raw)
+            status = parse_status(raw)
+            snap = cache.Snapshot.of(namespace, name, spec, status.targets, namespace_labels,
+                                     deployments_by_namespace, pods_by_policy, jobs_by_policy)
             try:
-                requeue = await asyncio.to_thread(reconcile_once, namespace, name)
+                requeue, wrote = await asyncio.to_thread(reconcile_once, raw, spec, error, status, snap)
+                if wrote is not None:
+                    written = (wrote[0] | (written[0] if written else frozenset()), wrote[1])
             except Exception:  # noqa: BLE001 - the API or a bug: log, back off, try again
-                log.exception("reconcile of %s/%s failed; retrying in %ss", namespace, name, ERROR_BACKOFF_S)
+                log.exception("reconcile of %s failed; retrying in %ss", key, ERROR_BACKOFF_S)
                 requeue = ERROR_BACKOFF_S
             if stopped:
                 break
@@ -125,6 +200,9 @@ async def run(stopped, meta, **_) -> None:
     finally:
         _wakers.pop(uid, None)
         _seen.pop(uid, None)
+        _pending.discard(key)
+        if _uid_by_key.get(key) == uid:
+            del _uid_by_key[key]
 
 
 # --- one reconcile --------------------------------------------------------------------------------
@@ -154,51 +232,70 @@ def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
 
-def reconcile_once(namespace: str, name: str) -> float | None:
-    """Passes over one policy until its phase settles. Returns seconds until the next pass, or
-    None to wait for a change."""
+def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | None, status: LookaheadPolicyStatus,
+                   snap: cache.Snapshot) -> tuple[float | None, tuple[frozenset, dict] | None]:
+    """Passes over one policy until its phase settles, reading from the watched caches; the status
+    is written after each pass that changed it. Returns (seconds until the next pass, or None to wait
+    for a change; the last object written, if any)."""
     k = kube()
+    view = cache.CachedView(k, snap)
     metrics.RECONCILES.inc()
-    body = k.get_policy(namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return None
-    spec, error = parse_spec(body)
-    status = parse_status(body)
+    meta = body["metadata"]
+    key = f"{meta['namespace']}/{meta['name']}"
     requeue: float | None = None
+    superseded: set[str] = set()   # resourceVersions our own writes replaced
     for _ in range(MAX_PASSES):
         now = _now()
-        world = observe(body, spec, error, status, now)
+        world = observe(view, body, spec, error, status, now)
         plan = sm.reconcile(world)
-        ctx = Ctx(k, body, spec, world)
+        ctx = Ctx(view, body, spec, world)
         try:
             for action in plan.actions:
                 ACTIONS[action.kind](ctx, action)
         except (ApiException, engines.EngineError, ValueError, OSError) as exc:
             metrics.RECONCILE_ERRORS.labels(status.phase).inc()
             why = f"{action.kind} failed: {_api_message(exc)}"
-            log.warning("%s/%s: %s", namespace, name, why)
+            log.warning("%s: %s", key, why)
             status = _with_fact(status, ConditionType.Reconciled, Fact(False, "ActionFailed", why), world)
-            write_status(k, body, status)
-            return ERROR_BACKOFF_S
+            out = _write(k, body, status)
+            if out is not None:
+                superseded.add(out[0])
+                body = out[1]
+            return ERROR_BACKOFF_S, (frozenset(superseded), body) if superseded else None
         new = _with_fact(plan.status, ConditionType.Reconciled, Fact(True, "Done", "the last pass's actions were "
                                                                       "carried out"), world)
         for type_, reason, message in plan.events:
             _event(k, body, type_, reason, message)
         if new.phase != status.phase:
             _record_transition(status, new, now)
-        try:
-            body = write_status(k, body, new)
-        except ApiException as exc:
-            if exc.status == 409:  # the policy changed under us: read it again and re-plan
-                return 0.0
-            raise
         moved = new.phase != status.phase
         status = new
         requeue = plan.requeue_after
+        # Written after every pass that acted or moved: what was done (a claim, a canary) is on
+        # record before the next pass does more; a pass that changed nothing writes nothing.
+        try:
+            out = _write(k, body, status)
+        except ApiException as exc:
+            if exc.status == 409:  # the policy changed under us: the watch brings the new one; re-plan
+                return 0.5, (frozenset(superseded), body) if superseded else None
+            raise
+        if out is not None:
+            superseded.add(out[0])
+            body = out[1]
         if not moved or requeue is None or requeue > 1.0:
             break
-    metrics.record_phase(f"{namespace}/{name}", status.phase)
-    return requeue
+    if status.phase == Phase.Pending:
+        _pending.add(key)
+    else:
+        _pending.discard(key)
+    metrics.record_phase(key, status.phase)
+    return requeue, (frozenset(superseded), body) if superseded else None
+
+
+def _write(k: Kube, body: dict, status: LookaheadPolicyStatus) -> tuple[str, dict] | None:
+    before = body["metadata"].get("resourceVersion")
+    out = write_status(k, body, status)
+    return (before, out) if out is not body else None
 
 
 def _with_fact(status: LookaheadPolicyStatus, type_: ConditionType, fact: Fact, world: sm.Observed):
@@ -222,10 +319,11 @@ def write_status(k: Kube, body: dict, status: LookaheadPolicyStatus) -> dict:
     return k.replace_policy_status({**body, "status": new})
 
 
-def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
+def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
             now: datetime) -> sm.Observed:
+    """The world as the state machine sees it, read through ``k`` (a ``cache.CachedView``, or the
+    API client itself)."""
     meta = body["metadata"]
-    k = kube()
     world = sm.Observed(now=now, name=meta["name"], namespace=meta["namespace"],
                         generation=int(meta.get("generation", 1)), spec=spec, status=status, spec_error=spec_error,
                         poll_s=POLL_S)
@@ -239,9 +337,8 @@ def observe(body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None
     world.fingerprint = spec.fingerprint()
     world.abort_requested = annotations.get(ANNOTATION_ABORT, "").lower() in ("true", "1", "yes")
 
-    namespaces = k.target_namespaces(meta["namespace"], _dump(spec.targets.namespace_selector),
-                                     spec.targets.namespaces)
-    found = [fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, _dump(spec.targets.selector))]
+    namespaces = k.target_namespaces(meta["namespace"], spec.targets.namespace_selector, spec.targets.namespaces)
+    found = [fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector)]
     keys = {t.key for t in found}
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in _known_targets(k, status, spec.engine) if t.key not in keys]
@@ -299,10 +396,6 @@ def _known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Ta
     return out
 
 
-def _dump(model):
-    return model.model_dump(by_alias=True, exclude_none=True) if model is not None else None
-
-
 # --- actions: one small idempotent function each --------------------------------------------------
 
 @dataclass
@@ -319,7 +412,7 @@ class Ctx:
 
 def _claim(c: Ctx, a: sm.Action) -> None:
     for ns, name in a.targets:
-        d = c.k.get_deployment(ns, name)
+        d = c.k.fresh_deployment(ns, name)  # the template saved must be the latest
         if d is not None:
             c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
 
@@ -400,12 +493,12 @@ def _delete_roles(c: Ctx, a: sm.Action) -> None:
 def _promote(c: Ctx, a: sm.Action) -> None:
     regime = measure.promotion_regime(c.world.status)
     for ns, name in a.targets:
-        d = c.k.get_deployment(ns, name)
+        d = c.k.fresh_deployment(ns, name)
         if d is None:
             continue
         if b.original_template(d) is None:  # claimed before, but be safe: save first
             c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
-            d = c.k.get_deployment(ns, name)
+            d = c.k.fresh_deployment(ns, name)
         engine = fleet.target_of(d, c.spec.engine).engine or "reference"
         patch = b.promote_patch(d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
                                 engines.is_engine_container, a.decision_id)
@@ -415,7 +508,7 @@ def _promote(c: Ctx, a: sm.Action) -> None:
 
 def _restore(c: Ctx, a: sm.Action) -> None:
     for ns, name in a.targets:
-        d = c.k.get_deployment(ns, name)
+        d = c.k.fresh_deployment(ns, name)
         if d is not None and b.original_template(d) is not None:
             c.k.replace_deployment(b.restore_body(d))
             _event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
@@ -436,11 +529,32 @@ ACTIONS = {
 assert set(ACTIONS) == set(ActionKind)
 
 
+_events: "queue.Queue[tuple]" = queue.Queue(maxsize=10_000)
+_poster: threading.Thread | None = None
+
+
+def _post_events() -> None:
+    while True:
+        k, body, type_, reason, message = _events.get()
+        try:
+            k.event(body, type_, reason, message)
+        except (ApiException, OSError) as exc:  # an event is worth a log line, never a failed pass
+            log.warning("could not post event %s: %s", reason, _api_message(exc))
+
+
 def _event(k: Kube, body: dict, type_: str, reason: str, message: str) -> None:
+    """Post an Event off the critical path (a background thread posts them in order)."""
+    global _poster
+    if _poster is None or not _poster.is_alive():
+        _poster = threading.Thread(target=_post_events, name="events", daemon=True)
+        _poster.start()
+    meta = body["metadata"]
+    ref = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+           "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")}}
     try:
-        k.event(body, type_, reason, message)
-    except ApiException as exc:  # an event is worth a log line, never a failed pass
-        log.warning("could not post event %s: %s", reason, _api_message(exc))
+        _events.put_nowait((k.k if isinstance(k, cache.CachedView) else k, ref, type_, reason, message))
+    except queue.Full:
+        log.warning("event queue full: dropped %s %s", reason, message[:200])
 
 
 def _record_transition(old: LookaheadPolicyStatus, new: LookaheadPolicyStatus, now: datetime) -> None:
@@ -466,7 +580,13 @@ def cleanup(body, meta, **_) -> None:
     spec, _ = parse_spec(body)
     world = sm.Observed(now=_now(), name=name, namespace=namespace, generation=int(meta.get("generation", 1)),
                         spec=spec, status=status)
-    world.targets = _known_targets(k, status, spec.engine if spec else None)
+    known = _known_targets(k, status, spec.engine if spec else None)
+    if spec is not None:  # and whatever matches now (a claim may have landed after the last status write)
+        keys = {t.key for t in known}
+        namespaces = k.target_namespaces(namespace, spec.targets.namespace_selector, spec.targets.namespaces)
+        known += [t for t in (fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector))
+                  if t.key not in keys]
+    world.targets = known
     ctx = Ctx(k, body, spec, world)
     for action in sm.deletion_plan(status, world.targets, world.key):
         ACTIONS[action.kind](ctx, action)

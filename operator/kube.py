@@ -67,17 +67,20 @@ class Kube:
         self._sanitize = self.api_client.sanitize_for_serialization
 
     # --- reads -----------------------------------------------------------------------------------
-    def target_namespaces(self, policy_namespace: str, namespace_selector: dict | None,
-                          namespaces: list[str] | None) -> list[str]:
+    def target_namespaces(self, policy_namespace: str, namespace_selector, namespaces: list[str] | None) -> list[str]:
+        """The namespaces to search: the explicit list, else those the selector (a
+        ``models.LabelSelector``; empty = all) matches, else the policy's own."""
         if namespaces:
             return sorted(namespaces)
-        if namespace_selector:
-            items = self.core.list_namespace(label_selector=selector_string(namespace_selector), _request_timeout=TIMEOUT).items
+        if namespace_selector is not None:
+            items = self.core.list_namespace(label_selector=namespace_selector.to_label_selector_string(),
+                                             _request_timeout=TIMEOUT).items
             return sorted(ns.metadata.name for ns in items)
         return [policy_namespace]
 
-    def deployments(self, namespaces: Iterable[str], selector: dict | None) -> list[dict]:
-        sel = selector_string(selector)
+    def deployments(self, namespaces: Iterable[str], selector) -> list[dict]:
+        """Deployments matching ``selector`` (a ``models.LabelSelector``), never our own canary/control."""
+        sel = selector.to_label_selector_string() if selector is not None else ""
         out: list[dict] = []
         for ns in namespaces:
             for d in self.apps.list_namespaced_deployment(ns, label_selector=sel, _request_timeout=TIMEOUT).items:
@@ -91,6 +94,8 @@ class Kube:
     def get_deployment(self, namespace: str, name: str) -> dict | None:
         d = _ignore(404, self.apps.read_namespaced_deployment, name, namespace)
         return self._sanitize(d) if d is not None else None
+
+    fresh_deployment = get_deployment  # (a cached view reads the API for this one)
 
     @staticmethod
     def _policy_selector(policy_ns: str, policy_name: str) -> str:

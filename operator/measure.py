@@ -41,9 +41,16 @@ def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
 READ_ERRORS: tuple[type[BaseException], ...] = (observations.ObservationError, OSError, TimeoutError)
 
 
+#: Every Prometheus request is bounded: one quick retry, then the failure is data (a ReadError).
+PROM_TIMEOUT_S = 10
+
+
 def _prom(spec: LookaheadPolicySpec):
     from prometheus_api_client import PrometheusConnect
-    return PrometheusConnect(url=spec.analysis.prometheus.url, disable_ssl=True)
+    from urllib3.util.retry import Retry
+
+    return PrometheusConnect(url=spec.analysis.prometheus.url, disable_ssl=True, timeout=PROM_TIMEOUT_S,
+                             retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
 
 
 def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,

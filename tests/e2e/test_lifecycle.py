@@ -145,7 +145,9 @@ def test_regime_aware_promotion_in_waves(apis, operator_process, prometheus):
     assert st["decision"]["crossoverBatchSize"] == 16
     assert [r["enabled"] for r in st["decision"]["regime"]][:2] == [True, False]
     # the fleet was patched wave by wave, each Deployment with the regime-aware cap
-    promoted = [e for e in events_of(core, ns, "chat") if e.reason == "Promoted"]
+    # events are posted off the reconcile's critical path: wait for them
+    promoted = wait_for(lambda: [e for e in events_of(core, ns, "chat") if e.reason == "Promoted"][1:] and
+                        [e for e in events_of(core, ns, "chat") if e.reason == "Promoted"], timeout=30, what="events")
     assert [e.message.split()[-1] for e in sorted(promoted, key=lambda e: e.first_timestamp)] == \
         [f"{ns}/chat-a", f"{ns}/chat-b"]
     for name in ("chat-a", "chat-b"):
@@ -202,7 +204,8 @@ def test_guard_regression_restores_exact_templates(apis, operator_process, prome
     assert st["decision"]["action"] == "Promote"
     assert st["rollback"]["reason"] == "GuardRegression"
     assert sorted(st["rollback"]["restored"]) == [f"{ns}/chat-a", f"{ns}/chat-b"]
-    reasons = [e.reason for e in events_of(core, ns, "chat")]
+    reasons = wait_for(lambda: (r := [e.reason for e in events_of(core, ns, "chat")]).count("Restored") >= 2 and r,
+                       timeout=30, what="Restored events")
     assert reasons.count("Promoted") == 2 and reasons.count("Restored") == 2
     for name in ("chat-a", "chat-b"):
         d = sanitized(apps, ns, name)

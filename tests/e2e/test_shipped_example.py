@@ -123,5 +123,6 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(kube_api, 
     assert not {b.ANNOTATION_OWNER, b.ANNOTATION_ORIGINAL_TEMPLATE, b.ANNOTATION_PROMOTED} & set(
         d["metadata"].get("annotations") or {})
     assert sanitized(apps, ns, "chat-vllm")["spec"] == untouched["spec"], "not a target: never touched"
-    assert any(e.reason == "Restored" for e in events_of(core, ns, name))
+    wait_for(lambda: any(e.reason == "Restored" for e in events_of(core, ns, name)), timeout=30,
+             what="a Restored event (events are posted off the critical path)")
     wait_for(lambda: no_leftovers(apps, batch, ns, name), timeout=60, what="canary/control/Jobs removed")

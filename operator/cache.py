@@ -1,0 +1,140 @@
+"""Reads from watched caches: the operator's view of Deployments, Namespaces, its own Pods and load
+Jobs, kept by Kopf indexes (``handlers``) from watch events, so that a steady-state reconcile
+reads nothing from the API server and writes are its only requests.
+
+``Snapshot.of(...)`` copies, in the event loop, the part of the indexes one policy needs; a
+``CachedView`` answers the same read calls as ``kube.Kube`` from it (the actions and ``observe``
+take either). Kopf fills every index from a full list before any handler runs, so after a restart
+the first pass already sees the whole cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from . import api
+from .kube import Kube
+from .models import LabelSelector, LookaheadPolicySpec
+
+_DROP_META = ("managedFields",)
+
+
+def snapshot_of(body: Mapping[str, Any]) -> dict:
+    """A plain, independent copy of a watched object (no managedFields)."""
+    out = copy.deepcopy(dict(body))
+    meta = out.get("metadata") or {}
+    for key in _DROP_META:
+        meta.pop(key, None)
+    return out
+
+
+def _items(index: Any, key: Any) -> list[dict]:
+    """The values a Kopf index holds under ``key`` (a Store is iterable), as a list."""
+    try:
+        store = index[key]
+    except KeyError:
+        return []
+    return list(store)
+
+
+@dataclass
+class Snapshot:
+    """What one policy's pass may read: copies taken in the event loop."""
+
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)      # name -> labels
+    deployments: dict[str, list[dict]] = field(default_factory=dict)         # namespace -> Deployments
+    pods: list[dict] = field(default_factory=list)                           # this policy's pods
+    jobs: list[dict] = field(default_factory=list)                           # this policy's load Jobs
+
+    @classmethod
+    def of(cls, policy_ns: str, policy_name: str, spec: LookaheadPolicySpec | None, status_targets: Iterable,
+           namespaces_idx: Any, deployments_idx: Any, pods_idx: Any, jobs_idx: Any) -> "Snapshot":
+        snap = cls()
+        snap.namespaces = {name: dict(labels) for name, labels in
+                           ((k, next(iter(_items(namespaces_idx, k)), {})) for k in list(namespaces_idx))}
+        wanted = {policy_ns} | {t.namespace for t in status_targets or []}
+        if spec is not None:
+            wanted |= set(CachedView.select_namespaces(snap.namespaces, policy_ns, spec.targets.namespace_selector,
+                                                       spec.targets.namespaces))
+        snap.deployments = {ns: _items(deployments_idx, ns) for ns in wanted}
+        key = (policy_ns, policy_name)
+        snap.pods = _items(pods_idx, key)
+        snap.jobs = _items(jobs_idx, key)
+        return snap
+
+
+class CachedView:
+    """``kube.Kube``'s read calls answered from a ``Snapshot``; writes go to the real client."""
+
+    def __init__(self, k: Kube, snap: Snapshot):
+        self.k = k
+        self.snap = snap
+
+    def __getattr__(self, name: str):  # writes and anything not cached: the API client
+        return getattr(self.k, name)
+
+    @staticmethod
+    def select_namespaces(namespaces: Mapping[str, Mapping[str, str]], policy_namespace: str,
+                          namespace_selector: LabelSelector | None, explicit: list[str] | None) -> list[str]:
+        if explicit:
+            return sorted(explicit)
+        if namespace_selector is not None:
+            return sorted(n for n, labels in namespaces.items() if namespace_selector.matches(labels))
+        return [policy_namespace]
+
+    def target_namespaces(self, policy_namespace: str, namespace_selector: LabelSelector | None,
+                          namespaces: list[str] | None) -> list[str]:
+        return self.select_namespaces(self.snap.namespaces, policy_namespace, namespace_selector, namespaces)
+
+    def deployments(self, namespaces: Iterable[str], selector: LabelSelector | None) -> list[dict]:
+        out = []
+        for ns in namespaces:
+            for d in self.snap.deployments.get(ns, []):
+                labels = d["metadata"].get("labels") or {}
+                if labels.get(api.LABEL_MANAGED_BY) == api.MANAGED_BY:
+                    continue  # never treat our own canary/control as fleet
+                if selector is None or selector.matches(labels):
+                    out.append(d)
+        return sorted(out, key=lambda d: (d["metadata"]["namespace"], d["metadata"]["name"]))
+
+    def get_deployment(self, namespace: str, name: str) -> dict | None:
+        return next((d for d in self.snap.deployments.get(namespace, []) if d["metadata"]["name"] == name), None)
+
+    def fresh_deployment(self, namespace: str, name: str) -> dict | None:
+        """Read through to the API: before a write that must see the latest object."""
+        return self.k.get_deployment(namespace, name)
+
+    def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
+        out = []
+        for items in self.snap.deployments.values():
+            for d in items:
+                labels = d["metadata"].get("labels") or {}
+                if (labels.get(api.LABEL_POLICY) == policy_name and labels.get(api.LABEL_POLICY_NAMESPACE) == policy_ns
+                        and labels.get(api.LABEL_MANAGED_BY) == api.MANAGED_BY
+                        and labels.get(api.LABEL_ROLE) in api.ROLES and not d["metadata"].get("deletionTimestamp")):
+                    out.append(d)
+        return out
+
+    def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
+        return [p for p in self.snap.pods if p["metadata"]["namespace"] == namespace
+                and (p["metadata"].get("labels") or {}).get(api.LABEL_ROLE) == role]
+
+    def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
+        return list(self.snap.jobs)
+
+    def delete_load_jobs(self, policy_ns: str, policy_name: str) -> int:
+        live = [j for j in self.snap.jobs if not j["metadata"].get("deletionTimestamp")]
+        return self.k.delete_load_jobs(policy_ns, policy_name) if live else 0
+
+    def delete_role_deployments(self, policy_ns: str, policy_name: str) -> int:
+        return self.k.delete_role_deployments(policy_ns, policy_name) if self.role_deployments(policy_ns, policy_name) else 0
+
+    def create_if_absent(self, body: dict) -> bool:
+        meta = body["metadata"]
+        if body["kind"] == "Job" and any(j["metadata"]["name"] == meta["name"] for j in self.snap.jobs):
+            return False
+        if body["kind"] == "Deployment" and self.get_deployment(meta["namespace"], meta["name"]) is not None:
+            return False
+        return self.k.create_if_absent(body)
