@@ -19,14 +19,28 @@ from .kube import Kube
 from .models import LabelSelector, LookaheadPolicySpec
 
 _DROP_META = ("managedFields",)
+from .kube import mark_created, recently_created  # noqa: E402,F401 - (the registry lives with the writes)
 
 
 def snapshot_of(body: Mapping[str, Any]) -> dict:
-    """A plain, independent copy of a watched object (no managedFields)."""
+    """A plain, independent copy of an object (the daemon's live policy body changes in place)."""
     out = copy.deepcopy(dict(body))
     meta = out.get("metadata") or {}
     for key in _DROP_META:
         meta.pop(key, None)
+    return out
+
+
+def cached(body: Mapping[str, Any]) -> dict:
+    """What an index keeps of a watched object: its top level as a plain dict (no managedFields).
+    Each watch event brings a freshly parsed object that nothing mutates afterwards, so the
+    nested values are shared, not copied (a deep copy of every event was the operator's largest
+    CPU cost at hundreds of policies)."""
+    out = dict(body)
+    meta = dict(out.get("metadata") or {})
+    for key in _DROP_META:
+        meta.pop(key, None)
+    out["metadata"] = meta
     return out
 
 
@@ -52,8 +66,9 @@ class Snapshot:
     def of(cls, policy_ns: str, policy_name: str, spec: LookaheadPolicySpec | None, status_targets: Iterable,
            namespaces_idx: Any, deployments_idx: Any, pods_idx: Any, jobs_idx: Any) -> "Snapshot":
         snap = cls()
-        snap.namespaces = {name: dict(labels) for name, labels in
-                           ((k, next(iter(_items(namespaces_idx, k)), {})) for k in list(namespaces_idx))}
+        if spec is not None and spec.targets.namespace_selector is not None and not spec.targets.namespaces:
+            # (only then: copying every namespace's labels on every pass would cost O(namespaces))
+            snap.namespaces = {name: dict(next(iter(_items(namespaces_idx, name)), {})) for name in list(namespaces_idx)}
         wanted = {policy_ns} | {t.namespace for t in status_targets or []}
         if spec is not None:
             wanted |= set(CachedView.select_namespaces(snap.namespaces, policy_ns, spec.targets.namespace_selector,
@@ -124,17 +139,18 @@ class CachedView:
     def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
         return list(self.snap.jobs)
 
-    def delete_load_jobs(self, policy_ns: str, policy_name: str) -> int:
-        live = [j for j in self.snap.jobs if not j["metadata"].get("deletionTimestamp")]
-        return self.k.delete_load_jobs(policy_ns, policy_name) if live else 0
-
-    def delete_role_deployments(self, policy_ns: str, policy_name: str) -> int:
-        return self.k.delete_role_deployments(policy_ns, policy_name) if self.role_deployments(policy_ns, policy_name) else 0
+    # Deletions are rare (a step's end, a rollback) and must not miss what the watch has not
+    # brought yet: they list and delete through the API (``kube.Kube``), not from the cache.
 
     def create_if_absent(self, body: dict) -> bool:
         meta = body["metadata"]
-        if body["kind"] == "Job" and any(j["metadata"]["name"] == meta["name"] for j in self.snap.jobs):
+        kind = body["kind"]
+        if kind == "Job" and any(j["metadata"]["name"] == meta["name"] for j in self.snap.jobs):
             return False
-        if body["kind"] == "Deployment" and self.get_deployment(meta["namespace"], meta["name"]) is not None:
+        if kind == "Deployment" and self.get_deployment(meta["namespace"], meta["name"]) is not None:
             return False
-        return self.k.create_if_absent(body)
+        if recently_created(kind, meta["namespace"], meta["name"]):
+            return False
+        created = self.k.create_if_absent(body)
+        mark_created(kind, meta["namespace"], meta["name"])  # created now, or found existing (409)
+        return created

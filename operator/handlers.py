@@ -73,13 +73,14 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's would repeat it
+    log.setLevel(os.environ.get("LOOKAHEAD_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
     settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "32"))
+    _warm_up(kube())
     port = int(os.environ.get("LOOKAHEAD_METRICS_PORT", "9100"))
     if port:
         metrics.serve(port, os.environ.get("LOOKAHEAD_METRICS_ADDR", "0.0.0.0"))
-    kube()
 
 
 @kopf.on.startup()
@@ -90,6 +91,45 @@ async def threads(**_) -> None:
 
     workers = int(os.environ.get("LOOKAHEAD_PASS_THREADS", "64"))
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(workers, thread_name_prefix="pass"))
+
+
+def _warm_up(k: Kube) -> None:
+    """The Kubernetes client builds each model class (pydantic) on first use, ~0.2 s of CPU apiece:
+    deserialize one of each object the operator reads or writes now, at start, rather than inside
+    the first hundred reconciles."""
+    import json
+
+    template = {"metadata": {"labels": {"app": "x"}, "annotations": {"a": "b"}},
+                "spec": {"containers": [{"name": "engine", "image": "x", "command": ["x"], "args": ["--x"],
+                                         "env": [{"name": "A", "value": "1"}],
+                                         "ports": [{"name": "http", "containerPort": 8000}],
+                                         "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                                         "resources": {"requests": {"cpu": "1"}},
+                                         "securityContext": {"capabilities": {"drop": ["ALL"]}},
+                                         "volumeMounts": [{"name": "p", "mountPath": "/p"}]}],
+                         "volumes": [{"name": "p", "configMap": {"name": "c", "items": [{"key": "k", "path": "k"}]}}],
+                         "securityContext": {"runAsUser": 1, "seccompProfile": {"type": "RuntimeDefault"}}}}
+    meta = {"name": "x", "namespace": "x", "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x",
+                                                               "uid": "u"}]}
+    samples = {
+        "V1Deployment": {"metadata": meta, "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": template},
+                         "status": {"conditions": [{"type": "Progressing", "status": "True"}]}},
+        "V1Job": {"metadata": meta, "spec": {"template": template}, "status": {"conditions": []}},
+        "V1PodList": {"items": [{"metadata": meta, "spec": template["spec"],
+                                 "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                                            "containerStatuses": [{"name": "x", "image": "x", "imageID": "x",
+                                                                   "ready": True, "restartCount": 0}]}}],
+                      "metadata": {}},
+        "V1DeploymentList": {"items": [], "metadata": {}}, "V1JobList": {"items": [], "metadata": {}},
+        "V1NamespaceList": {"items": [{"metadata": meta}], "metadata": {}},
+        "CoreV1Event": {"metadata": meta, "involvedObject": {"name": "x"}, "source": {"component": "x"}},
+        "V1Status": {"details": {"causes": [{"field": "x"}]}},
+    }
+    for klass, data in samples.items():
+        try:
+            k.api_client.deserialize(json.dumps(data), klass, "application/json")
+        except Exception as exc:  # noqa: BLE001 - a warm-up only
+            log.debug("warm-up of %s: %s", klass, exc)
 
 
 @kopf.on.probe(id="reconciles")
@@ -106,17 +146,17 @@ def namespace_labels(name, labels, **_):
 
 @kopf.index("apps", "v1", "deployments")
 def deployments_by_namespace(namespace, body, **_):
-    return {namespace: cache.snapshot_of(body)}
+    return {namespace: cache.cached(body)}
 
 
 @kopf.index("pods", labels={api.LABEL_POLICY: kopf.PRESENT})
 def pods_by_policy(labels, body, **_):
-    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.snapshot_of(body)}
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.cached(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels={api.LABEL_ROLE: "loadgen"})
 def jobs_by_policy(labels, body, **_):
-    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.snapshot_of(body)}
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.cached(body)}
 
 
 # --- scheduling: a daemon per policy, woken by changes -------------------------------------------------
@@ -173,7 +213,7 @@ async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, p
     try:
         while not stopped:
             wake_event.clear()
-            raw = cache.snapshot_of(body)   # the live body, as of now
+            raw = cache.cached(body)        # the live body as of now (Kopf replaces it whole on each event)
             if raw["metadata"].get("deletionTimestamp"):
                 break
             if written is not None and raw["metadata"].get("resourceVersion") in written[0]:
@@ -228,6 +268,11 @@ def parse_status(body: dict) -> LookaheadPolicyStatus:
         return LookaheadPolicyStatus()
 
 
+def _now_precise() -> float:
+    import time
+    return time.monotonic()
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
@@ -246,6 +291,7 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
     superseded: set[str] = set()   # resourceVersions our own writes replaced
     for _ in range(MAX_PASSES):
         now = _now()
+        t_pass = _now_precise()
         world = observe(view, body, spec, error, status, now)
         plan = sm.reconcile(world)
         ctx = Ctx(view, body, spec, world)
@@ -264,8 +310,6 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
             return ERROR_BACKOFF_S, (frozenset(superseded), body) if superseded else None
         new = _with_fact(plan.status, ConditionType.Reconciled, Fact(True, "Done", "the last pass's actions were "
                                                                       "carried out"), world)
-        for type_, reason, message in plan.events:
-            _event(k, body, type_, reason, message)
         if new.phase != status.phase:
             _record_transition(status, new, now)
         moved = new.phase != status.phase
@@ -282,6 +326,10 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
         if out is not None:
             superseded.add(out[0])
             body = out[1]
+        for type_, reason, message in plan.events:  # once what they tell is on record
+            _event(k, body, type_, reason, message)
+        log.debug("%s: pass %s -> %s in %.3fs, next in %s", key, world.status.phase, status.phase,
+                  (_now_precise() - t_pass), requeue)
         if not moved or requeue is None or requeue > 1.0:
             break
     if status.phase == Phase.Pending:
@@ -343,7 +391,8 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in _known_targets(k, status, spec.engine) if t.key not in keys]
     roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
-    world.roles_present = {r: r in roles for r in b.ROLES}
+    world.roles_present = {r: r in roles or cache.recently_created(
+        "Deployment", _role_namespace(world, roles), b.role_deployment_name(meta["name"], r)) for r in b.ROLES}
     world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
     world.support_problems = _support_problems(k, spec, world.targets, status.phase)
 
@@ -364,6 +413,13 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.read_errors.append(sm.ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
                                                             f"{type(exc).__name__}: {exc}"[:500]))
     return world
+
+
+def _role_namespace(world: sm.Observed, roles: dict) -> str:
+    """Where the canary and control live: beside the first target (``fleet.reference_target``)."""
+    if roles:
+        return next(iter(roles.values()))["metadata"]["namespace"]
+    return fleet.reference_target(world.targets).namespace if world.targets else world.namespace
 
 
 def _support_problems(k: Kube, spec: LookaheadPolicySpec, targets: list[sm.Target], phase: Phase) -> list[str]:
@@ -546,8 +602,9 @@ def _event(k: Kube, body: dict, type_: str, reason: str, message: str) -> None:
     """Post an Event off the critical path (a background thread posts them in order)."""
     global _poster
     if _poster is None or not _poster.is_alive():
-        _poster = threading.Thread(target=_post_events, name="events", daemon=True)
-        _poster.start()
+        for i in range(4):  # a few in parallel: hundreds of policies starting at once post hundreds of events
+            _poster = threading.Thread(target=_post_events, name=f"events-{i}", daemon=True)
+            _poster.start()
     meta = body["metadata"]
     ref = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Callable, Iterable
 
 from kubernetes import client
@@ -22,6 +23,30 @@ USER_AGENT = "lookahead-operator/0.1"
 TIMEOUT = (5, 30)
 POLICY_API = (api.GROUP, api.VERSION)
 POLICY_PLURAL = api.PLURAL
+
+
+#: Objects this process created (or found existing) in the last RECENT_S seconds, by
+#: (kind, namespace, name): a cache not yet updated by the watch must not make us create them again.
+RECENT_S = 120.0
+_recent: dict[tuple[str, str, str], float] = {}
+
+
+def mark_created(kind: str, namespace: str, name: str) -> None:
+    _recent[(kind, namespace, name)] = time.monotonic()
+
+
+def recently_created(kind: str, namespace: str, name: str) -> bool:
+    t = _recent.get((kind, namespace, name))
+    if t is None:
+        return False
+    if time.monotonic() - t > RECENT_S:
+        _recent.pop((kind, namespace, name), None)
+        return False
+    return True
+
+
+def forget_created(kind: str, namespace: str, name: str) -> None:
+    _recent.pop((kind, namespace, name), None)
 
 
 def _ignore(status: int, fn: Callable, *args, **kwargs):
@@ -160,6 +185,7 @@ class Kube:
             meta = d["metadata"]
             _ignore(404, self.apps.delete_namespaced_deployment, meta["name"], meta["namespace"],
                     propagation_policy="Background")
+            forget_created("Deployment", meta["namespace"], meta["name"])
             n += 1
         return n
 
@@ -171,6 +197,7 @@ class Kube:
                 continue
             _ignore(404, self.batch.delete_namespaced_job, meta["name"], meta["namespace"],
                     propagation_policy="Background")
+            forget_created("Job", meta["namespace"], meta["name"])
             n += 1
         return n
 

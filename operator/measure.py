@@ -13,6 +13,7 @@ independent samples; overlapping windows would make intervals too narrow):
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -45,12 +46,21 @@ READ_ERRORS: tuple[type[BaseException], ...] = (observations.ObservationError, O
 PROM_TIMEOUT_S = 10
 
 
-def _prom(spec: LookaheadPolicySpec):
-    from prometheus_api_client import PrometheusConnect
-    from urllib3.util.retry import Retry
+_clients: dict[str, Any] = {}
 
-    return PrometheusConnect(url=spec.analysis.prometheus.url, disable_ssl=True, timeout=PROM_TIMEOUT_S,
-                             retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
+
+def _prom(spec: LookaheadPolicySpec):
+    """One client per Prometheus URL, kept: its HTTP connections are reused across passes."""
+    url = spec.analysis.prometheus.url
+    client = _clients.get(url)
+    if client is None:
+        from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        client = _clients[url] = PrometheusConnect(
+            url=url, disable_ssl=True, timeout=PROM_TIMEOUT_S,
+            retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
+    return client
 
 
 def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,
@@ -97,24 +107,29 @@ def preflight(spec: LookaheadPolicySpec, targets: list[sm.Target]) -> sm.Preflig
         pods = "|".join(f"{t.name}-.*" for t in targets)
         namespaces = "|".join(sorted({t.namespace for t in targets}))
         sel = f'{{namespace=~"{namespaces}",pod=~"{pods}"}}'
+        queries: dict[str, str] = {}
         if names.prefill_time and names.decode_time:
-            signals["prefill_seconds"] = _scalar(prom, f"sum(increase({names.prefill_time}_sum{sel}[30m])) / "
-                                                       f"sum(increase({names.prefill_time}_count{sel}[30m]))")
-            signals["decode_seconds"] = _scalar(prom, f"sum(increase({names.decode_time}_sum{sel}[30m])) / "
-                                                      f"sum(increase({names.decode_time}_count{sel}[30m]))")
+            queries["prefill_seconds"] = (f"sum(increase({names.prefill_time}_sum{sel}[30m])) / "
+                                          f"sum(increase({names.prefill_time}_count{sel}[30m]))")
+            queries["decode_seconds"] = (f"sum(increase({names.decode_time}_sum{sel}[30m])) / "
+                                         f"sum(increase({names.decode_time}_count{sel}[30m]))")
         if names.running:
-            q = {}
             for quant in (0.5, 0.9, 0.99):
-                v = _scalar(prom, f"quantile_over_time({quant}, sum({names.running}{sel})[30m:15s])")
-                if v is not None:
-                    q[quant] = v
-            signals["running_batch_quantiles"] = q or None
+                queries[f"q{quant}"] = f"quantile_over_time({quant}, sum({names.running}{sel})[30m:15s])"
         for key, metric in (("dram_active", "DCGM_FI_PROF_DRAM_ACTIVE"), ("sm_active", "DCGM_FI_PROF_SM_ACTIVE"),
                             ("tensor_active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
                             ("gpu_util", "DCGM_FI_DEV_GPU_UTIL")):
-            v = _scalar(prom, f"avg(avg_over_time({metric}{sel}[30m]))")
-            if v is not None:
-                signals[key] = v / 100.0 if key == "gpu_util" else v
+            queries[key] = f"avg(avg_over_time({metric}{sel}[30m]))"
+        # the queries are independent: ask them at once (the pass waits for the slowest, not the sum)
+        with ThreadPoolExecutor(max_workers=len(queries)) as pool:
+            values = dict(zip(queries, pool.map(lambda q: _scalar(prom, q), queries.values())))
+        quantiles = {float(k[1:]): v for k, v in values.items() if k.startswith("q") and v is not None}
+        if names.running:
+            signals["running_batch_quantiles"] = quantiles or None
+        for key, v in values.items():
+            if key.startswith("q") or v is None:
+                continue
+            signals[key] = v / 100.0 if key == "gpu_util" else v
     except Exception as exc:  # noqa: BLE001 - Prometheus down or refusing: say so, measure anyway
         missing_note = f"Prometheus at {spec.analysis.prometheus.url} could not be read ({type(exc).__name__}: {exc})"
     result = run_preflight({k: v for k, v in signals.items() if v is not None}).to_dict()
