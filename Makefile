@@ -42,7 +42,7 @@ bench-engine: deps-python
 	$(PY) -m lookahead_dev.bench_engine
 
 bench-decision: deps-python
-	$(PY) -m lookahead_operator.bench_decision
+	$(PY) -m lookahead_dev.bench_decision
 
 bench-operator: deps
 	$(PY) -m lookahead_dev.bench_operator

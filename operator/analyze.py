@@ -568,8 +568,10 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
             results.append(await _measure_batch(client, urls, models, prompts, c, cfg, thresholds, m, budget, log))
             # stop early when the larger batch sizes cannot change the decision: the smallest batch
             # size already loses (Rollback), or a loss after a run of wins fixed the crossover
-            d = decide([b.verdict for b in results], thresholds, deadline_passed=False)
-            if d.action in (Action.ROLLBACK, Action.PROMOTE_REGIME_AWARE) and i + 1 < len(batch_sizes):
+            d = decide([b.verdict for b in results], thresholds, deadline_passed=False, planned=batch_sizes)
+            settled = d.action is Action.ROLLBACK or (d.action is Action.PROMOTE_REGIME_AWARE
+                                                      and d.crossover_batch_size is not None)
+            if settled and i + 1 < len(batch_sizes):
                 log(f"{d.action.value} is settled at batch {c}: batch sizes {batch_sizes[i + 1:]} cannot change it, "
                     "not measured")
                 break

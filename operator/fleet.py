@@ -61,3 +61,26 @@ def pod_ready(pod: dict) -> bool:
         if c.get("type") == "Ready":
             return c.get("status") == "True"
     return False
+
+
+#: The flag that caps concurrent requests, per engine, and its default when the flag is absent
+#: (None: not known here; the decision then assumes a large engine).
+_MAX_BATCH_FLAG = {"reference": ("--max-num-seqs", 32), "vllm": ("--max-num-seqs", None),
+                   "sglang": ("--max-running-requests", None), "trtllm": ("--max_batch_size", None)}
+
+
+def engine_max_batch(deployment: dict | None, engine: str | None) -> int | None:
+    """The most requests the target's engine runs at once (the top of the regime ranges): lookahead
+    is on everywhere only when it was measured winning up to here."""
+    if deployment is None:
+        return None
+    flag, default = _MAX_BATCH_FLAG.get(engine or "reference", (None, None))
+    if flag is None:
+        return None
+    template = deployment["spec"]["template"]
+    container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
+    try:
+        value = engines.container_flag(container, flag)
+        return int(value) if value is not None else default
+    except (engines.EngineError, ValueError):
+        return default

@@ -406,7 +406,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         elif need is sm.Need.STEP:
             world.step = measure.step(spec, policy, status, now)
         elif need is sm.Need.DECISION:
-            world.decision = measure.decision(spec, status)
+            source = fleet.reference_target(world.targets) if world.targets else None
+            top = fleet.engine_max_batch(k.get_deployment(*source.key), source.engine) if source else None
+            world.decision = measure.decision(spec, status, max_batch_size=top)
         elif need is sm.Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy))
     except measure.READ_ERRORS as exc:

@@ -26,7 +26,7 @@ from .models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec,
                      PreflightStatus)
 from .preflight import preflight as run_preflight
 from .preflight import production_batch_sizes
-from .statistics import SequentialComparison, Thresholds
+from .statistics import PairedComparison, SequentialComparison, Thresholds
 
 
 def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
@@ -66,18 +66,24 @@ def _prom(spec: LookaheadPolicySpec):
 def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,
                      step: float) -> dict[str, Any]:
     """Disjoint-interval samples of per-token latency (s) and output throughput (tok/s) of the
-    pods ``labels`` select, read by ``observations.observe`` (exact, reset-aware increases from
-    the raw samples). Intervals without a finished token carry no latency sample: never a zero."""
-    # A window can only end where Prometheus has scraped: past the newest sample nothing is known yet.
-    scraped = observations.last_scrape_time(prom, names.generation_tokens, labels)
-    end_s = min(end.timestamp(), scraped) if scraped is not None else end.timestamp()
-    if end_s - start.timestamp() < step:
+    pods ``labels`` select over [start, end], read by ``observations.observe`` (exact, reset-aware
+    increases from the raw samples). One entry per window, ``None`` where a window has no value
+    (no token finished): windows of two calls with the same bounds pair up by position."""
+    if end.timestamp() - start.timestamp() < step:
         return {"latency": [], "throughput": [], "acceptance": None}
-    obs = observations.observe(prom, names, labels, start.timestamp(), end_s, interval_s=step)
+    obs = observations.observe(prom, names, labels, start.timestamp(), end.timestamp(), interval_s=step)
     iv = obs.intervals
-    return {"latency": [x for x in iv.per_token_latency_s if x is not None],
-            "throughput": [x for x in iv.output_tokens_per_s if x is not None],
+    return {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
             "acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None}
+
+
+def scraped_until(prom, names: engines.MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
+    """``end``, or earlier: a window can only close where Prometheus has scraped every arm."""
+    times = [observations.last_scrape_time(prom, names.generation_tokens, labels) for labels in label_sets]
+    known = [t for t in times if t is not None]
+    if len(known) < len(times) or not known:
+        return end
+    return min(end, datetime.fromtimestamp(min(known), tz=timezone.utc))
 
 
 def _scalar(prom, query: str) -> float | None:
@@ -143,22 +149,33 @@ def preflight(spec: LookaheadPolicySpec, targets: list[sm.Target]) -> sm.Preflig
 
 
 def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size: int, start: datetime,
-                  end: datetime, engine: str) -> BatchVerdict:
-    """Canary vs control at one batch size over [start + warmup, end]."""
+                  end: datetime, engine: str, planned: int = 1) -> BatchVerdict:
+    """Canary vs control at one batch size over [start + warmup, end], window by window (both arms
+    are driven at once, so window i of each covers the same wall-clock interval: drift shared by
+    both cancels). Each test runs at its share of the policy's error budget (``planned`` batch
+    sizes x latency and throughput; ``Thresholds.for_family``)."""
     prom = _prom(spec)
     names = engines.metric_names(engine)
-    th = thresholds(spec)
+    th = family_thresholds(spec, planned)
     start = start + spec.load.warmup
-    lat, tp = SequentialComparison.for_latency(th), SequentialComparison.for_throughput(th)
-    acc = None
     interval = spec.analysis.sample_interval.total_seconds()
-    for role in b.ROLES:
-        s = interval_samples(prom, names, role_labels(policy, role), start, end, interval)
-        lat.add(role, s["latency"])
-        tp.add(role, s["throughput"])
-        if role == "canary":
-            acc = s["acceptance"]
-    return BatchVerdict(batch_size, lat.result(), tp.result(), acc)
+    labels = {role: role_labels(policy, role) for role in b.ROLES}
+    end = scraped_until(prom, names, list(labels.values()), end)
+    samples = {role: interval_samples(prom, names, labels[role], start, end, interval) for role in b.ROLES}
+    lat, tp = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
+    n = min(len(samples["control"]["latency"]), len(samples["canary"]["latency"]))
+    lat.add_pairs(samples["control"]["latency"][:n], samples["canary"]["latency"][:n])
+    n = min(len(samples["control"]["throughput"]), len(samples["canary"]["throughput"]))
+    tp.add_pairs(samples["control"]["throughput"][:n], samples["canary"]["throughput"][:n])
+    return BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"])
+
+
+#: Metrics tested per batch size (per-token latency and throughput): the family-wise split.
+METRICS_PER_BATCH = 2
+
+
+def family_thresholds(spec: LookaheadPolicySpec, planned: int) -> Thresholds:
+    return thresholds(spec).for_family(max(1, planned), METRICS_PER_BATCH)
 
 
 def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,
@@ -168,8 +185,8 @@ def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPo
     i = p.step or 0
     if i >= len(sizes) or p.step_started_at is None:
         return None
-    th = thresholds(spec)
-    bv = batch_verdict(spec, policy, sizes[i], p.step_started_at, now, _engine(status))
+    th = family_thresholds(spec, len(sizes))
+    bv = batch_verdict(spec, policy, sizes[i], p.step_started_at, now, _engine(status), len(sizes))
     return sm.StepMeasurement(row=BatchResult.model_validate(bv.to_status(th)), conclusive=bv.settled(th))
 
 
@@ -181,36 +198,20 @@ def _engine(status: LookaheadPolicyStatus) -> str:
 def verdict_from_row(row: BatchResult, th: Thresholds) -> BatchVerdict:
     """Rebuild a verdict from a stored status row (it holds every number the decision needs, at
     full precision), so a restarted operator decides from what is in the cluster, not from memory."""
-    from .statistics import ComparisonResult, Direction, Verdict
-
-    samples = row.samples
-    n_control = int(samples.control or 0) if samples else 0
-    n_canary = int(samples.canary or 0) if samples else 0
-    confidence = float(row.confidence or th.confidence)
-
-    def comp(metric, direction, threshold, c_mean, k_mean, change, interval, verdict):
-        return ComparisonResult(metric, direction, threshold, confidence, n_control, n_canary, c_mean, k_mean,
-                                change, tuple(interval) if interval else None,
-                                Verdict(verdict or Verdict.NOT_ENOUGH_DATA.value))
-
-    def seconds(ms):
-        return None if ms is None else ms / 1e3
-
-    lat = comp("per_token_latency_seconds", Direction.LOWER_IS_BETTER, th.min_latency_improvement,
-               seconds(row.control_tpot_ms), seconds(row.canary_tpot_ms), row.tpot_change, row.tpot_interval,
-               row.latency_verdict)
-    tp = comp("output_tokens_per_second", Direction.HIGHER_IS_BETTER, th.max_throughput_regression,
-              row.control_tokens_per_second, row.canary_tokens_per_second, row.throughput_change,
-              row.throughput_interval, row.throughput_verdict)
-    return BatchVerdict(int(row.batch_size), lat, tp, row.acceptance_rate)
+    return BatchVerdict.from_status(row.to_dict(), th)
 
 
-def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus) -> Decision:
+def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch_size: int | None = None) -> Decision:
     """The decision from the stored rows (pure). Every step has been measured once the state
-    machine is in Deciding: missing answers are final."""
-    th = thresholds(spec)
+    machine is in Deciding: missing answers are final. ``planned`` is the sweep the policy set out
+    to measure (an unmeasured size is never a win); lookahead is never enabled beyond the largest
+    batch size measured as a win, and on everywhere only when that reaches ``max_batch_size`` (the
+    engine's max_num_seqs)."""
+    planned = list(status.progress.batch_sizes or [r.batch_size for r in status.batches or []] or [1])
+    th = family_thresholds(spec, len(planned))
     rows = status.batches or []
-    d = decide([verdict_from_row(r, th) for r in rows], th, deadline_passed=True)
+    d = decide([verdict_from_row(r, th) for r in rows], th, deadline_passed=True, planned=planned,
+               max_batch_size=max_batch_size)
     out = d.to_dict()
     out.pop("outcomes", None)
     engine = _engine(status)
@@ -219,19 +220,21 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus) -> Decisi
             out["config"] = engines.regime_config(engine, spec.lookahead, d.lookahead_max_batch_size)
         except engines.EngineError as exc:
             out["config"] = {"error": str(exc)}
-    out["evidence"] = {"batches": [r.to_dict() for r in rows],
+    out["evidence"] = {"batches": [r.to_dict() for r in rows], "planned": planned, "maxBatchSize": max_batch_size,
                        "thresholds": {"minLatencyImprovement": th.min_latency_improvement,
                                       "maxThroughputRegression": th.max_throughput_regression,
-                                      "confidence": th.confidence, "minSamples": th.min_samples}}
+                                      "confidence": spec.analysis.confidence, "perTestConfidence": th.confidence,
+                                      "minSamples": th.min_samples}}
     return Decision.model_validate(out)
 
 
 def promotion_regime(status: LookaheadPolicyStatus) -> int | None:
     """The largest batch size at which lookahead stays on (regime-aware), or None (everywhere)."""
     d = status.decision
-    if d is not None and d.action == DecisionAction.PromoteRegimeAware and d.crossover_batch_size:
-        return max(1, int(d.crossover_batch_size) - 1)
-    return None
+    if d is None or d.action != DecisionAction.PromoteRegimeAware:
+        return None
+    on = [r.end for r in d.regime or [] if r.enabled]
+    return max(on) if on else None
 
 
 def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,

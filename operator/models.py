@@ -846,6 +846,16 @@ class RoleSamples(StatusModel):
     canary: Optional[int] = Field(default=None, ge=0)
 
 
+class StallIntervals(StatusModel):
+    control: int = Field(default=0, ge=0)
+    canary: int = Field(default=0, ge=0)
+
+
+class DroppedIntervals(StatusModel):
+    latency: int = Field(default=0, ge=0)
+    throughput: int = Field(default=0, ge=0)
+
+
 class BatchResult(StatusModel):
     """One row of the per-batch-size table: control vs canary at one concurrency
     (what ``lookahead_operator.decision.BatchVerdict.to_status`` writes).
@@ -874,6 +884,13 @@ class BatchResult(StatusModel):
     throughput_verdict: Optional[str] = Field(default=None, max_length=64,
                                               description="Better, Worse, Equivalent or NotEnoughData (statistics.Verdict).")
     verdict: BatchVerdict = Field(default=BatchVerdict.Pending)
+    paired: Optional[bool] = Field(default=None, description="Canary and control compared window by window.")
+    stall_intervals: Optional[StallIntervals] = Field(
+        default=None, description="Sample windows in which only one arm produced no tokens (counted against it).")
+    dropped_intervals: Optional[DroppedIntervals] = Field(
+        default=None, description="Sample windows without a value in either arm, per metric.")
+    latency_samples: Optional[int] = Field(default=None, ge=0, description="Paired per-token latency windows.")
+    throughput_samples: Optional[int] = Field(default=None, ge=0, description="Paired throughput windows.")
 
 
 class DecisionAction(StrEnum):

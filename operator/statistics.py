@@ -28,14 +28,35 @@ numpy). The same vectorised function serves the operator and the decision benchm
 Caveats, stated rather than hidden: the guarantee is asymptotic (plug-in variance, i.i.d.
 samples); below `min_samples` per arm no verdict is given at all; serially correlated samples
 (e.g. overlapping windows) would make the interval too narrow, so feed disjoint windows.
+
+Added for issue 11 (docs/statistics.md has the reasoning and the Monte-Carlo evidence):
+
+* `PairedComparison` -- canary vs control over *paired* windows (both arms measured over the same
+  wall-clock windows), so drift and slowdowns common to both arms cancel instead of widening (or,
+  with roles measured one after the other, biasing) the interval. Latency: the mean of per-window
+  log-ratios log(canary_i / control_i). Throughput: the ratio of sums sum(canary_i) / sum(control_i)
+  (Fieller's construction), where a window with zero tokens (a stall) is a sample of 0 against its
+  arm; a window where both arms are zero carries no comparison and is dropped (counted); a missing
+  value (None/NaN) drops its pair (counted). Both use the sequential t-test's confidence sequence
+  (Lai 1976; Wang & Ramdas 2023): a scale-invariant mixture martingale, exact for Gaussian windows
+  at every n, so it holds at the small per-test alphas of a family-wise split after 10-18 windows,
+  where a plug-in variance does not.
+* `SequentialComparison` (independent arms) keeps its API; a zero throughput sample now counts as a
+  stall instead of being dropped (zeros are still rejected for latency, where they are impossible).
+* `compare_tail_latency` -- p95/p99 per-token latency from Prometheus-style cumulative histogram
+  buckets per arm, with time-uniform bucket-level bounds (a conjugate beta-binomial mixture
+  martingale, exact rather than asymptotic) and a verdict against `maxTailLatencyRegression`.
+* `per_test_confidence` / `Thresholds.for_family` -- Bonferroni split of the policy's error budget
+  over the planned batch sizes x metrics, so that `confidence` is the probability that the whole
+  decision is right.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -45,9 +66,31 @@ __all__ = [
     "Thresholds",
     "ComparisonResult",
     "SequentialComparison",
+    "PairedComparison",
+    "TailComparison",
+    "QuantileComparison",
+    "compare_tail_latency",
+    "histogram_quantile",
+    "per_test_confidence",
     "log_ratio_confidence_sequence",
+    "paired_ratio_confidence_sequence",
+    "paired_log_confidence_sequence",
     "mixture_half_width",
+    "DEFAULT_MAX_TAIL_LATENCY_REGRESSION",
+    "DEFAULT_METRICS_PER_BATCH",
+    "PAIRED_EFFECT_PRIOR",
 ]
+
+#: Proposed default of ``analysis.maxTailLatencyRegression``: the canary's p95/p99 per-token latency
+#: may be at most twice the control's (docs/statistics.md, "Tails", says why 100%).
+DEFAULT_MAX_TAIL_LATENCY_REGRESSION = 1.0
+#: Tests per batch size in the family-wise split: per-token latency, throughput, tail latency.
+DEFAULT_METRICS_PER_BATCH = 3
+#: Prior precision c of the standardised effect in the paired tests' scale-invariant mixture
+#: (`paired_log_confidence_sequence`): the effect / per-window sd is mixed over N(0, 1/c). Any fixed c
+#: keeps the guarantee; c = 0.3 makes the boundary narrowest around 10-18 windows, the length of one
+#: step at the CRD's defaults (docs/statistics.md has the table).
+PAIRED_EFFECT_PRIOR = 0.3
 
 
 class Verdict(str, Enum):
@@ -70,14 +113,37 @@ class Thresholds:
     max_throughput_regression: float = 0.02
     confidence: float = 0.99
     min_samples: int = 10  # per arm, per metric, before any verdict
+    # p95/p99 per-token latency may rise at most this much (1.0 = at most twice the control's)
+    max_tail_latency_regression: float = DEFAULT_MAX_TAIL_LATENCY_REGRESSION
 
     def __post_init__(self) -> None:
         if not 0.0 < self.confidence < 1.0:
             raise ValueError("confidence must be in (0, 1)")
         if self.min_latency_improvement < 0 or self.max_throughput_regression < 0:
             raise ValueError("thresholds must be >= 0")
+        if self.max_tail_latency_regression < 0:
+            raise ValueError("max_tail_latency_regression must be >= 0")
         if self.min_samples < 2:
             raise ValueError("min_samples must be >= 2 (a variance needs two samples)")
+
+    def for_family(self, n_batch_sizes: int, n_metrics: int = DEFAULT_METRICS_PER_BATCH) -> "Thresholds":
+        """The thresholds each single test runs at so that the policy's ``confidence`` holds for
+        the whole decision: confidence split (Bonferroni) over ``n_batch_sizes`` x ``n_metrics``
+        planned tests. Margins are unchanged."""
+        return replace(self, confidence=per_test_confidence(self.confidence, n_batch_sizes, n_metrics))
+
+
+def per_test_confidence(confidence: float, n_batch_sizes: int, n_metrics: int = DEFAULT_METRICS_PER_BATCH) -> float:
+    """Bonferroni: each of the ``n_batch_sizes * n_metrics`` planned tests runs at
+    ``1 - (1 - confidence) / (n_batch_sizes * n_metrics)``, so the probability that *any* of the
+    policy's confidence sequences ever misses its true value (at any look, any batch size, any
+    metric) is at most ``1 - confidence``. E.g. 0.99 over 5 batch sizes x 3 metrics -> 0.999333..."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError("confidence must be in (0, 1)")
+    k = int(n_batch_sizes) * int(n_metrics)
+    if k < 1:
+        raise ValueError("n_batch_sizes and n_metrics must be >= 1")
+    return 1.0 - (1.0 - confidence) / k
 
 
 def mixture_half_width(info: np.ndarray | float, alpha: float, tau: float) -> np.ndarray | float:
@@ -138,6 +204,11 @@ class ComparisonResult:
     interval: tuple[float, float] | None  # confidence sequence for that change, at `confidence`
     verdict: Verdict
     note: str = ""  # why NotEnoughData, when it is
+    # paired comparisons (PairedComparison): n_control == n_canary == number of paired intervals
+    paired: bool = False
+    stalls_control: int = 0  # intervals with zero output in that arm only, counted in (throughput)
+    stalls_canary: int = 0
+    dropped: int = 0  # intervals left out: a side missing, or both arms at zero (no comparison)
 
     # -- in "goodness" units: positive = canary better ---------------------------------------
     def _good(self) -> tuple[float, float] | None:
@@ -192,6 +263,11 @@ class ComparisonResult:
         return d
 
 
+def _goodness(direction: Direction, lo: float, hi: float) -> tuple[float, float]:
+    """A relative-change interval in "goodness" units (positive = canary better)."""
+    return (-hi, -lo) if direction is Direction.LOWER_IS_BETTER else (lo, hi)
+
+
 def _classify(good_lo: float, good_hi: float, threshold: float) -> Verdict:
     if good_lo > threshold:
         return Verdict.BETTER
@@ -203,17 +279,23 @@ def _classify(good_lo: float, good_hi: float, threshold: float) -> Verdict:
 
 
 class _Welford:
-    __slots__ = ("n", "mean", "m2", "rejected")
+    __slots__ = ("n", "mean", "m2", "rejected", "zeros", "allow_zero")
 
-    def __init__(self) -> None:
+    def __init__(self, allow_zero: bool = False) -> None:
         self.n = 0
         self.mean = 0.0
         self.m2 = 0.0
         self.rejected = 0
+        self.zeros = 0
+        self.allow_zero = allow_zero
 
     def add(self, x: float) -> None:
         x = float(x)
-        if not math.isfinite(x) or x <= 0.0:
+        if self.allow_zero and x == 0.0:
+            # throughput: an interval with no output is a stall, a real observation that counts
+            # against its arm (issue 11: a canary at [100, 0, 100, 0] tok/s is not "100 tok/s")
+            self.zeros += 1
+        elif not math.isfinite(x) or x <= 0.0:
             # latency and throughput are positive; NaN, inf, zero or negative is a broken sample,
             # counted so that status can say so, never folded into the estimate
             self.rejected += 1
@@ -264,7 +346,9 @@ class SequentialComparison:
         # tau: the effect scale where the boundary is tightest; default the threshold itself
         # (floored so that a 0% threshold still gives a usable boundary)
         self.tau = float(mixture_scale) if mixture_scale is not None else max(self.threshold, 0.01)
-        self._arms = {"control": _Welford(), "canary": _Welford()}
+        # a zero is a stall (counted) for throughput, an impossible value (rejected) for latency
+        zeros = self.direction is Direction.HIGHER_IS_BETTER
+        self._arms = {"control": _Welford(zeros), "canary": _Welford(zeros)}
 
     @classmethod
     def for_latency(cls, thresholds: Thresholds, metric: str = "per_token_latency_seconds") -> "SequentialComparison":
@@ -294,7 +378,8 @@ class SequentialComparison:
         if n <= 0:
             return
         var = float(variance) if n >= 2 else 0.0
-        if not (math.isfinite(mean) and mean > 0 and math.isfinite(var) and var >= 0):
+        floor_ok = mean >= 0 if self.direction is Direction.HIGHER_IS_BETTER else mean > 0
+        if not (math.isfinite(mean) and floor_ok and math.isfinite(var) and var >= 0):
             self._arms[role].rejected += n
             return
         self._arms[role].merge(n, float(mean), var * (n - 1))
@@ -304,7 +389,8 @@ class SequentialComparison:
         return {
             "metric": self.metric, "direction": self.direction.value, "threshold": self.threshold,
             "confidence": self.confidence, "minSamples": self.min_samples, "tau": self.tau,
-            "arms": {r: {"n": a.n, "mean": a.mean, "m2": a.m2, "rejected": a.rejected} for r, a in self._arms.items()},
+            "arms": {r: {"n": a.n, "mean": a.mean, "m2": a.m2, "rejected": a.rejected, "zeros": a.zeros}
+                     for r, a in self._arms.items()},
         }
 
     @classmethod
@@ -314,6 +400,7 @@ class SequentialComparison:
         for role, a in state["arms"].items():
             arm = c._arms[role]
             arm.n, arm.mean, arm.m2, arm.rejected = int(a["n"]), float(a["mean"]), float(a["m2"]), int(a["rejected"])
+            arm.zeros = int(a.get("zeros", 0))
         return c
 
     def add_control(self, samples: Iterable[float] | float) -> None:
@@ -346,11 +433,529 @@ class SequentialComparison:
         d, lo, hi = float(d), float(lo), float(hi)
         if not (math.isfinite(d) and math.isfinite(lo) and math.isfinite(hi)):
             return ComparisonResult(**base, estimate=None, interval=None, verdict=Verdict.NOT_ENOUGH_DATA,
-                                    note="samples do not support an estimate")
+                                    note="samples do not support an estimate",
+                                    stalls_control=c.zeros, stalls_canary=k.zeros)
         est, ilo, ihi = math.expm1(d), math.expm1(lo), math.expm1(hi)
-        if self.direction is Direction.LOWER_IS_BETTER:
-            g_lo, g_hi = -ihi, -ilo
+        verdict = _classify(*_goodness(self.direction, ilo, ihi), self.threshold)
+        return ComparisonResult(**base, estimate=est, interval=(ilo, ihi), verdict=verdict,
+                                stalls_control=c.zeros, stalls_canary=k.zeros)
+
+
+# --- paired intervals ---------------------------------------------------------------------------
+
+def _lai_kappa(n: np.ndarray, alpha: float, prior: float) -> np.ndarray:
+    """kappa_n = 1 - (alpha^2 c / (n + c))^(1/n): the scale-invariant mixture (below) stays under
+    1/alpha exactly when S_n^2 < kappa_n (n + c) V_n."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.expm1(np.log(alpha * alpha * prior / (n + prior)) / n)
+
+
+def paired_log_confidence_sequence(
+    n: np.ndarray | float,
+    sum_d: np.ndarray | float,
+    sum_dd: np.ndarray | float,
+    alpha: float,
+    prior: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised: (estimate, lower, upper) of the mean of i.i.d. paired differences d_i (here
+    per-window log-ratios log(canary_i / control_i)) from the running sums of d and d^2.
+
+    The confidence sequence of the sequential t-test (Lai 1976; Wang & Ramdas 2023, "Anytime-valid
+    t-tests and confidence sequences for Gaussian means with unknown variance"): for a candidate
+    mean m, with S = sum(d_i - m) and V = sum((d_i - m)^2), mixing the standardised effect
+    (mean - m) / sigma over N(0, 1/c) and the scale over the right-Haar prior d(sigma)/sigma gives
+        B_n(m) = sqrt(c / (n + c)) * (V / (V - S^2 / (n + c)))^(n / 2),
+    a nonnegative martingale under the true mean (in the filtration of the scale-invariant
+    statistics), so by Ville's inequality it stays below 1/alpha at every n with probability
+    >= 1 - alpha. No plug-in variance, no asymptotics: exact for Gaussian d_i, at any n >= 2, so
+    it holds at the small per-test alphas a family-wise split asks for. Solving B_n(m) < 1/alpha:
+        |mean(d) - m| < s * sqrt(kappa (n + c) (n - 1) / (n (n - kappa (n + c)))),
+    s the sample standard deviation (infinite while n <= kappa (n + c)). NaN where n < 2."""
+    c = PAIRED_EFFECT_PRIOR if prior is None else float(prior)
+    n, sum_d, sum_dd = (np.asarray(x, dtype=float) for x in (n, sum_d, sum_dd))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok = n >= 2
+        d = sum_d / n
+        s2 = np.maximum(np.maximum(sum_dd - n * d * d, 0.0) / np.maximum(n - 1.0, 1.0), 1e-12)
+        k = _lai_kappa(n, alpha, c)
+        den = n - k * (n + c)
+        w = np.where(den > 0, np.sqrt(k * (n + c) * (n - 1.0) * s2 / (n * den)), np.inf)
+        d = np.where(ok, d, np.nan)
+        return d, np.where(ok, d - w, np.nan), np.where(ok, d + w, np.nan)
+
+
+def paired_ratio_confidence_sequence(
+    n: np.ndarray | float,
+    sum_c: np.ndarray | float,
+    sum_k: np.ndarray | float,
+    sum_cc: np.ndarray | float,
+    sum_kk: np.ndarray | float,
+    sum_ck: np.ndarray | float,
+    alpha: float,
+    prior: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised: (log R_hat, log lower, log upper) for R = E[canary] / E[control] from the running
+    sums of ``n`` paired windows (control c_i, canary k_i, the same wall-clock windows).
+
+    Fieller's construction made anytime-valid: R = r exactly when y_i(r) = k_i - r c_i has mean 0,
+    so the set of r that the sequential t-test of `paired_log_confidence_sequence` does not reject
+    for y(r) is a confidence sequence for R. With S(r) = sum(k) - r sum(c) and
+    V(r) = sum(k^2) - 2 r sum(ck) + r^2 sum(c^2) the condition S(r)^2 < kappa (n + c) V(r) is a
+    quadratic inequality in r: a bounded interval when sum(c)^2 > kappa (n + c) sum(c^2), unbounded
+    (no information yet) otherwise. A factor common to both arms in a window (drift, a shared
+    slowdown) scales c_i and k_i together and leaves y_i(R) small: that is what pairing buys. A
+    stall (k_i = 0) enters as y_i = -r c_i, a large residual against the canary.
+
+    NaN where the sums cannot support an estimate (n < 2, no control output); where the canary
+    produced nothing at all the estimate and both bounds are -inf (-100%, with certainty); an upper
+    bound of +inf when the interval is unbounded."""
+    c0 = PAIRED_EFFECT_PRIOR if prior is None else float(prior)
+    n, sc, sk, scc, skk, sck = (np.asarray(x, dtype=float) for x in (n, sum_c, sum_k, sum_cc, sum_kk, sum_ck))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ok = (n >= 2) & (sc > 0) & (sk > 0)
+        nothing = (n >= 2) & (sc > 0) & (sk == 0)
+        q = _lai_kappa(n, alpha, c0) * (n + c0)
+        eps = 1.0 + 1e-12  # a relative variance floor: constant streams still get a finite width
+        a = sc * sc - q * scc * eps
+        b = -2.0 * sk * sc + 2.0 * q * sck
+        cc = sk * sk - q * skk * eps
+        disc = b * b - 4.0 * a * cc
+        root = np.sqrt(np.maximum(disc, 0.0))
+        bounded = (a > 0) & (disc >= 0)
+        r_lo = np.where(bounded, (-b - root) / (2.0 * a), 0.0)
+        r_hi = np.where(bounded, (-b + root) / (2.0 * a), np.inf)
+        r_hat = sk / sc
+        # the estimate always lies inside; a lower root below 0 means "down to -100%"
+        lo = np.log(np.clip(np.minimum(r_lo, r_hat), 0.0, None))
+        hi = np.log(np.maximum(r_hi, r_hat))
+        d = np.where(ok, np.log(r_hat), np.where(nothing, -np.inf, np.nan))
+        lo = np.where(ok, lo, np.where(nothing, -np.inf, np.nan))
+        hi = np.where(ok, hi, np.where(nothing, -np.inf, np.nan))
+    return d, lo, hi
+
+
+_LOG_CLIP = 50.0
+
+
+def _value(x: Any) -> float | None:
+    """A sample as a float, or None when missing (None, NaN, inf, not a number)."""
+    if x is None:
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class PairedComparison:
+    """Canary vs control on one metric over *paired* intervals: interval i of both arms covers the
+    same wall-clock window under the same load. Feed intervals as they close; ask `result()` at any
+    time (anytime-valid, like `SequentialComparison`, whose `ComparisonResult` it returns with
+    ``paired=True``).
+
+    >>> tp = PairedComparison.for_throughput(Thresholds())
+    >>> tp.add_pairs(control=[60, 61, 59], canary=[100, 0, 100])   # a canary stall counts as 0 tok/s
+    >>> lat = PairedComparison.for_latency(Thresholds())
+    >>> lat.add("control", [0.020, None, 0.021]); lat.add("canary", [0.013, 0.014, None])
+
+    Missing values (None, NaN) keep their place: `add(role, samples)` appends to that role's
+    sequence and pairs are formed by position, so both roles must be given the same windows in the
+    same order (an arm ahead of the other waits for its partner). Zero: for throughput
+    (HIGHER_IS_BETTER) a stall, counted as a sample of 0 against its arm; when both arms are zero in
+    the same window the window says nothing about the comparison and is dropped (counted in
+    ``dropped``). For latency a zero is impossible and is treated as missing (rejected).
+    Negative values are rejected (missing).
+    """
+
+    def __init__(
+        self,
+        metric: str,
+        direction: Direction | str,
+        threshold: float,
+        confidence: float = 0.99,
+        min_samples: int = 10,
+        effect_prior: float | None = None,
+        estimator: str | None = None,
+    ) -> None:
+        self.metric = metric
+        self.direction = Direction(direction)
+        self.threshold = float(threshold)
+        self.confidence = float(confidence)
+        if not 0 < self.confidence < 1:
+            raise ValueError("confidence must be in (0, 1)")
+        self.min_samples = int(min_samples)
+        # c: prior precision of the standardised effect in the mixture; see PAIRED_EFFECT_PRIOR
+        self.effect_prior = float(effect_prior) if effect_prior is not None else PAIRED_EFFECT_PRIOR
+        if self.effect_prior <= 0:
+            raise ValueError("effect_prior must be > 0")
+        self._zero_is_stall = self.direction is Direction.HIGHER_IS_BETTER
+        # "log": mean of per-window log-ratios (robust to one-window spikes; latency, where a window
+        # without output has no value); "ratio": ratio of sums (throughput, where a stall is a 0)
+        self.estimator = estimator or ("ratio" if self._zero_is_stall else "log")
+        if self.estimator not in ("log", "ratio"):
+            raise ValueError("estimator must be 'log' or 'ratio'")
+        if self.estimator == "log" and self._zero_is_stall:
+            raise ValueError("a log-ratio cannot count a stall (a window with 0 output): use estimator='ratio'")
+        self._pending: dict[str, list[float | None]] = {"control": [], "canary": []}
+        self._c: list[float] = []
+        self._k: list[float] = []
+        self.dropped = 0  # windows with a side missing, or both sides at zero
+        self.rejected = 0  # values that were present but impossible (negative; zero latency)
+
+    # -- construction like SequentialComparison -------------------------------------------
+    @classmethod
+    def for_latency(cls, thresholds: Thresholds, metric: str = "per_token_latency_seconds") -> "PairedComparison":
+        return cls(metric, Direction.LOWER_IS_BETTER, thresholds.min_latency_improvement,
+                   thresholds.confidence, thresholds.min_samples)
+
+    @classmethod
+    def for_throughput(cls, thresholds: Thresholds, metric: str = "output_tokens_per_second") -> "PairedComparison":
+        return cls(metric, Direction.HIGHER_IS_BETTER, thresholds.max_throughput_regression,
+                   thresholds.confidence, thresholds.min_samples)
+
+    # -- feeding --------------------------------------------------------------------------
+    def _clean(self, x: Any) -> float | None:
+        v = _value(x)
+        if v is None:
+            return None
+        if v < 0 or (v == 0 and not self._zero_is_stall):
+            self.rejected += 1
+            return None
+        return v
+
+    def _pair(self, c: Any, k: Any) -> None:
+        c, k = self._clean(c), self._clean(k)
+        if c is None or k is None or (c == 0 and k == 0):
+            self.dropped += 1
+            return
+        self._c.append(c)
+        self._k.append(k)
+
+    def add_pairs(self, control: Iterable[Any], canary: Iterable[Any]) -> None:
+        """Windows closed in both arms: control[i] and canary[i] are the same window."""
+        control, canary = list(control), list(canary)
+        if len(control) != len(canary):
+            raise ValueError(f"paired windows: {len(control)} control values but {len(canary)} canary values")
+        if any(self._pending.values()):
+            raise ValueError("add_pairs after a one-sided add(): finish the pending windows with add() first")
+        for c, k in zip(control, canary):
+            self._pair(c, k)
+
+    def add(self, role: str, samples: Iterable[Any] | Any) -> None:
+        """Append one role's windows (None/NaN for a window without a value); pairs form by position."""
+        if role not in self._pending:
+            raise ValueError(f"role must be 'control' or 'canary', got {role!r}")
+        if samples is None or isinstance(samples, (int, float, np.floating, np.integer)):
+            samples = [samples]
+        self._pending[role].extend(samples)
+        c, k = self._pending["control"], self._pending["canary"]
+        m = min(len(c), len(k))
+        for i in range(m):
+            self._pair(c[i], k[i])
+        del c[:m], k[:m]
+
+    def add_control(self, samples: Iterable[Any] | Any) -> None:
+        self.add("control", samples)
+
+    def add_canary(self, samples: Iterable[Any] | Any) -> None:
+        self.add("canary", samples)
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def n(self) -> tuple[int, int]:
+        return len(self._c), len(self._k)
+
+    @property
+    def unmatched(self) -> int:
+        """Windows one arm has reported and the other not yet."""
+        return abs(len(self._pending["control"]) - len(self._pending["canary"]))
+
+    def state(self) -> dict:
+        """A JSON-ready snapshot; see `from_state`."""
+        return {
+            "paired": True, "metric": self.metric, "direction": self.direction.value,
+            "threshold": self.threshold, "confidence": self.confidence, "minSamples": self.min_samples,
+            "effectPrior": self.effect_prior, "estimator": self.estimator, "control": list(self._c),
+            "canary": list(self._k),
+            "dropped": self.dropped,
+            "rejected": self.rejected,
+            "pending": {r: [_value(v) for v in p] for r, p in self._pending.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "PairedComparison":
+        c = cls(state["metric"], state["direction"], state["threshold"], state["confidence"],
+                state["minSamples"], effect_prior=state.get("effectPrior"), estimator=state.get("estimator"))
+        c._c, c._k = [float(x) for x in state["control"]], [float(x) for x in state["canary"]]
+        c.dropped, c.rejected = int(state.get("dropped", 0)), int(state.get("rejected", 0))
+        for role, p in (state.get("pending") or {}).items():
+            c._pending[role] = list(p)
+        return c
+
+    # -- the answer -----------------------------------------------------------------------
+    def result(self) -> ComparisonResult:
+        c = np.asarray(self._c, dtype=float)
+        k = np.asarray(self._k, dtype=float)
+        n = int(c.size)
+        stalls_c = int(((c == 0) & (k > 0)).sum()) if n else 0
+        stalls_k = int(((k == 0) & (c > 0)).sum()) if n else 0
+        mc = float(c.mean()) if n else None
+        mk = float(k.mean()) if n else None
+        base = dict(
+            metric=self.metric, direction=self.direction, threshold=self.threshold,
+            confidence=self.confidence, n_control=n, n_canary=n, control_mean=mc, canary_mean=mk,
+        )
+        extra = dict(paired=True, stalls_control=stalls_c, stalls_canary=stalls_k, dropped=self.dropped)
+        if n < self.min_samples:
+            note = f"need {self.min_samples} paired windows, have {n}"
+            if self.dropped:
+                note += f" ({self.dropped} windows without a value in both arms left out)"
+            est = (mk / mc - 1.0) if (n and mc and mc > 0) else None
+            return ComparisonResult(**base, estimate=est, interval=None, verdict=Verdict.NOT_ENOUGH_DATA,
+                                    note=note, **extra)
+        if self.estimator == "log":
+            dl = np.log(k) - np.log(c)
+            d, lo, hi = paired_log_confidence_sequence(n, dl.sum(), float(dl @ dl),
+                                                       alpha=1.0 - self.confidence, prior=self.effect_prior)
         else:
-            g_lo, g_hi = ilo, ihi
-        verdict = _classify(g_lo, g_hi, self.threshold)
-        return ComparisonResult(**base, estimate=est, interval=(ilo, ihi), verdict=verdict)
+            d, lo, hi = paired_ratio_confidence_sequence(
+                n, c.sum(), k.sum(), float(c @ c), float(k @ k), float(c @ k),
+                alpha=1.0 - self.confidence, prior=self.effect_prior)
+        d, lo, hi = float(d), float(lo), float(hi)
+        if math.isnan(d) or math.isnan(lo) or math.isnan(hi):
+            return ComparisonResult(**base, estimate=None, interval=None, verdict=Verdict.NOT_ENOUGH_DATA,
+                                    note="the control produced nothing in these windows: no ratio", **extra)
+        # a bound beyond e^+-50 says nothing more than "unbounded"; clip so that it stays a finite,
+        # JSON-ready number (a canary with no output at all gets exactly -100%)
+        est, ilo, ihi = (math.expm1(min(max(x, -_LOG_CLIP), _LOG_CLIP)) for x in (d, lo, hi))
+        verdict = _classify(*_goodness(self.direction, ilo, ihi), self.threshold)
+        return ComparisonResult(**base, estimate=est, interval=(ilo, ihi), verdict=verdict, **extra)
+
+
+# --- tails from histogram buckets ----------------------------------------------------------------
+
+def _buckets(h: Mapping[Any, Any] | Sequence[tuple[Any, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """(upper bounds, cumulative counts), sorted, +Inf last. Accepts {le: count} or [(le, count)];
+    le may be a number, "+Inf" or math.inf. Counts are the increases of ``_bucket{le=...}`` over the
+    window; they must be non-decreasing in le."""
+    items = list(h.items()) if isinstance(h, Mapping) else list(h)
+    pairs = []
+    for le, cnt in items:
+        b = math.inf if (isinstance(le, str) and le.strip().lower() in ("+inf", "inf")) else float(le)
+        v = float(cnt)
+        if math.isnan(b) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"bad histogram bucket le={le!r} count={cnt!r}")
+        pairs.append((b, v))
+    if not pairs:
+        return np.zeros(0), np.zeros(0)
+    pairs.sort()
+    le = np.array([p[0] for p in pairs])
+    cum = np.array([p[1] for p in pairs])
+    if np.any(np.diff(cum) < -1e-9 * max(1.0, float(cum[-1]))):
+        raise ValueError("histogram bucket counts must be cumulative (non-decreasing in le)")
+    return le, np.maximum.accumulate(cum)
+
+
+def histogram_quantile(q: float, buckets: Mapping[Any, Any] | Sequence[tuple[Any, Any]]) -> float | None:
+    """Prometheus' ``histogram_quantile``: linear interpolation inside the bucket holding rank
+    q * total, the first bucket starting at 0; in the +Inf bucket, the largest finite bound.
+    None without observations."""
+    le, cum = _buckets(buckets)
+    if le.size == 0 or cum[-1] <= 0:
+        return None
+    total = cum[-1]
+    rank = q * total
+    j = int(np.searchsorted(cum, rank, side="left"))
+    j = min(j, le.size - 1)
+    if math.isinf(le[j]):
+        finite = le[np.isfinite(le)]
+        return float(finite[-1]) if finite.size else None
+    lo_b = le[j - 1] if j > 0 else 0.0
+    lo_c = cum[j - 1] if j > 0 else 0.0
+    width = cum[j] - lo_c
+    if width <= 0:
+        return float(le[j])
+    return float(lo_b + (le[j] - lo_b) * (rank - lo_c) / width)
+
+
+def _log_mixture_lr(s: float, n: float, p: float, a: float, b: float) -> float:
+    """log of the conjugate beta-binomial mixture likelihood ratio against Bernoulli(p) after s
+    successes in n trials (prior Beta(a, b)): a nonnegative martingale under p, so by Ville's
+    inequality it exceeds 1/alpha at any time with probability <= alpha."""
+    def betaln(x: float, y: float) -> float:
+        return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+    ll = s * math.log(p) if s > 0 else 0.0
+    ll += (n - s) * math.log1p(-p) if n - s > 0 else 0.0
+    return betaln(a + s, b + n - s) - betaln(a, b) - ll
+
+
+def _quantile_bounds(le: np.ndarray, cum: np.ndarray, q: float, alpha: float,
+                     design_effect: float) -> tuple[float, float]:
+    """(L, U): the q-quantile lies in (L, U] with the time-uniform confidence 1 - alpha, at bucket
+    resolution. L is the largest bound b with F(b) < q certified, U the smallest with F(b) > q
+    certified (0 and +inf when none). The claims are nested in b (counts grow with b), so one
+    level alpha covers every bucket at once."""
+    total = float(cum[-1]) / design_effect
+    if total <= 0:
+        return 0.0, math.inf
+    # prior centred on q with the weight of 2 / (1 - q) observations (b = 2 "tail" observations)
+    b0 = 2.0
+    a0 = b0 * q / (1.0 - q)
+    thresh = math.log(1.0 / alpha)
+    lower, upper = 0.0, math.inf
+    for bound, c in zip(le, cum):
+        if math.isinf(bound):
+            continue
+        s = float(c) / design_effect
+        phat = s / total
+        if phat < q and _log_mixture_lr(s, total, q, a0, b0) >= thresh:
+            lower = float(bound)  # F(bound) < q: the quantile is above this bound
+        elif phat > q and _log_mixture_lr(s, total, q, a0, b0) >= thresh and math.isinf(upper):
+            upper = float(bound)  # F(bound) > q: the quantile is at or below this bound
+    return lower, upper
+
+
+@dataclass(frozen=True)
+class QuantileComparison:
+    """One tail quantile, canary vs control. Latencies in the histogram's unit (seconds)."""
+
+    quantile: float
+    control: float | None  # histogram_quantile point estimates (for people)
+    canary: float | None
+    change: float | None  # canary / control - 1 of the point estimates
+    control_bounds: tuple[float, float]  # (L, U]: where the control's quantile lies, with confidence
+    canary_bounds: tuple[float, float]
+    verdict: Verdict  # WORSE: canary's quantile above (1 + threshold) x the control's, with confidence
+
+
+@dataclass(frozen=True)
+class TailComparison:
+    """Tail per-token latency (p95, p99), canary vs control, from histogram buckets.
+
+    ``verdict`` is WORSE when some quantile is, with confidence, more than ``threshold`` above the
+    control's (``regresses``): that blocks a promotion. EQUIVALENT / BETTER when every quantile is
+    certified not worse (better) by more than the threshold, NOT_ENOUGH_DATA otherwise. Only
+    WORSE changes a decision: the tail is a veto, never a reason to promote."""
+
+    threshold: float
+    confidence: float
+    n_control: float
+    n_canary: float
+    quantiles: tuple[QuantileComparison, ...]
+    verdict: Verdict
+    note: str = ""
+
+    @property
+    def regresses(self) -> bool:
+        return self.verdict is Verdict.WORSE
+
+    def q(self, quantile: float) -> QuantileComparison | None:
+        return next((x for x in self.quantiles if abs(x.quantile - quantile) < 1e-9), None)
+
+    def worst(self) -> QuantileComparison | None:
+        """The quantile that regressed (the highest, if several), else the highest quantile."""
+        worse = [x for x in self.quantiles if x.verdict is Verdict.WORSE]
+        pool = worse or list(self.quantiles)
+        return max(pool, key=lambda x: x.quantile) if pool else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, full precision (inf as None); `from_dict` rebuilds an equal object."""
+        def f(x: float | None) -> float | None:
+            return None if x is None or (isinstance(x, float) and math.isinf(x)) else x
+        return {
+            "threshold": self.threshold, "confidence": self.confidence, "verdict": self.verdict.value,
+            "samples": {"control": self.n_control, "canary": self.n_canary}, "note": self.note,
+            "quantiles": [
+                {"quantile": x.quantile, "control": x.control, "canary": x.canary, "change": x.change,
+                 "controlBounds": [f(x.control_bounds[0]), f(x.control_bounds[1])],
+                 "canaryBounds": [f(x.canary_bounds[0]), f(x.canary_bounds[1])],
+                 "verdict": x.verdict.value}
+                for x in self.quantiles],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TailComparison":
+        def bounds(b: Sequence[Any] | None) -> tuple[float, float]:
+            lo, hi = (list(b) + [None, None])[:2] if b else (None, None)
+            return (0.0 if lo is None else float(lo), math.inf if hi is None else float(hi))
+        qs = tuple(QuantileComparison(float(x["quantile"]), x.get("control"), x.get("canary"), x.get("change"),
+                                      bounds(x.get("controlBounds")), bounds(x.get("canaryBounds")),
+                                      Verdict(x.get("verdict") or Verdict.NOT_ENOUGH_DATA.value))
+                   for x in d.get("quantiles") or [])
+        s = d.get("samples") or {}
+        return cls(float(d["threshold"]), float(d["confidence"]), float(s.get("control") or 0),
+                   float(s.get("canary") or 0), qs, Verdict(d.get("verdict") or Verdict.NOT_ENOUGH_DATA.value),
+                   d.get("note") or "")
+
+
+def compare_tail_latency(
+    control: Mapping[Any, Any] | Sequence[tuple[Any, Any]],
+    canary: Mapping[Any, Any] | Sequence[tuple[Any, Any]],
+    max_regression: float = DEFAULT_MAX_TAIL_LATENCY_REGRESSION,
+    confidence: float = 0.99,
+    quantiles: Sequence[float] = (0.95, 0.99),
+    design_effect: float = 1.0,
+) -> TailComparison:
+    """Tail per-token latency, canary vs control, from each arm's cumulative histogram buckets
+    (``le`` upper bound -> count of observations <= le, as the increases of ``_bucket{le=...}`` over
+    the step give; the ``+Inf`` bucket is the total).
+
+    Per quantile and arm, the quantile is bracketed at bucket resolution with a time-uniform
+    confidence (conjugate beta-binomial mixture on the bucket counts, valid at every look); the
+    error budget ``1 - confidence`` is split over the quantiles x 2 arms. A quantile is WORSE when
+    the canary's lower bound exceeds ``(1 + max_regression)`` x the control's upper bound: a claim
+    that survives the bucket coarseness, so a regression of less than one bucket step can never be
+    certified (the default threshold of 100% is about one step of the usual latency buckets).
+
+    ``design_effect``: observations are treated as independent; when they are not (per-token
+    observations of one decode step share its time), divide the counts by the number of
+    observations that move together (e.g. the batch size) -- conservative, never looser."""
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    if max_regression < 0:
+        raise ValueError("max_regression must be >= 0")
+    if design_effect < 1:
+        raise ValueError("design_effect must be >= 1")
+    quantiles = tuple(float(x) for x in quantiles)
+    if not quantiles or any(not 0 < x < 1 for x in quantiles):
+        raise ValueError("quantiles must be in (0, 1)")
+    le_c, cum_c = _buckets(control)
+    le_k, cum_k = _buckets(canary)
+    n_c = float(cum_c[-1]) if cum_c.size else 0.0
+    n_k = float(cum_k[-1]) if cum_k.size else 0.0
+    alpha = (1.0 - confidence) / (2 * len(quantiles))
+    need = max(1.0 / (1.0 - x) for x in quantiles) * design_effect
+    results = []
+    for qq in quantiles:
+        pc = histogram_quantile(qq, list(zip(le_c, cum_c))) if n_c > 0 else None
+        pk = histogram_quantile(qq, list(zip(le_k, cum_k))) if n_k > 0 else None
+        change = (pk / pc - 1.0) if (pc and pk is not None and pc > 0) else None
+        if n_c < need or n_k < need:
+            results.append(QuantileComparison(qq, pc, pk, change, (0.0, math.inf), (0.0, math.inf),
+                                              Verdict.NOT_ENOUGH_DATA))
+            continue
+        cb = _quantile_bounds(le_c, cum_c, qq, alpha, design_effect)
+        kb = _quantile_bounds(le_k, cum_k, qq, alpha, design_effect)
+        f = 1.0 + max_regression
+        if kb[0] > f * cb[1]:
+            v = Verdict.WORSE
+        elif kb[1] <= f * cb[0]:
+            v = Verdict.BETTER if kb[1] * f < cb[0] else Verdict.EQUIVALENT
+        else:
+            v = Verdict.NOT_ENOUGH_DATA
+        results.append(QuantileComparison(qq, pc, pk, change, cb, kb, v))
+    vs = [x.verdict for x in results]
+    if Verdict.WORSE in vs:
+        verdict = Verdict.WORSE
+    elif Verdict.NOT_ENOUGH_DATA in vs:
+        verdict = Verdict.NOT_ENOUGH_DATA
+    elif all(v is Verdict.BETTER for v in vs):
+        verdict = Verdict.BETTER
+    else:
+        verdict = Verdict.EQUIVALENT
+    note = ""
+    if n_c < need or n_k < need:
+        note = (f"need {need:.0f} observations per arm for p{max(quantiles) * 100:g}, "
+                f"have {n_c:.0f} control / {n_k:.0f} canary")
+    return TailComparison(float(max_regression), float(confidence), n_c, n_k, tuple(results), verdict, note)

@@ -133,11 +133,11 @@ def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operat
     # chat-b's namespace has room for exactly its one pod: the promoted template's surge pod is refused.
     core.create_namespaced_resource_quota(ns_b, {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}})
     originals = {ns: sanitized(apps, ns, n) for ns, n in ((ns_a, "chat-a"), (ns_b, "chat-b"))}
-    body = policy("chat", ns_a, "chat", prometheus.url, [1], "full", ["100%"])
+    body = policy("chat", ns_a, "chat", prometheus.url, [1], "regimeAware", ["100%"])
     body["spec"]["targets"]["namespaces"] = [ns_a, ns_b]
     custom.create_namespaced_custom_object(GROUP, VERSION, ns_a, PLURAL, body)
     st = wait_phase(custom, ns_a, "chat", TERMINAL, 420, operator_process)
-    assert st["decision"]["action"] == "Promote", st["decision"]["reason"]
+    assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
     assert st["phase"] == "RolledBack" and st["rollback"]["reason"] == "RolloutFailed", st.get("message")
     assert f"{ns_b}/chat-b" in st["rollback"]["message"] and "progress" in st["rollback"]["message"].lower()
     assert sorted(st["rollback"]["restored"]) == [f"{ns_a}/chat-a", f"{ns_b}/chat-b"]
@@ -207,7 +207,8 @@ def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process,
     assert st["phase"] == "Measuring"
     outage.up()
     st = wait_phase(custom, ns, "chat", TERMINAL, 300, operator_process)
-    assert st["phase"] == "Succeeded" and st["decision"]["action"] == "Promote", st.get("message")
+    # (measured at batch 1 only: a win there enables lookahead up to batch 1, no further)
+    assert st["phase"] == "Succeeded" and st["decision"]["action"] == "PromoteRegimeAware", st.get("message")
     assert st["batches"][0]["verdict"] == "Wins"
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 

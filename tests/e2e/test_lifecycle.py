@@ -193,7 +193,7 @@ def test_guard_regression_restores_exact_templates(apis, operator_process, prome
     apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-b", BAD_GPU, "chat"))
     originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1], "full",
+                                           policy("chat", ns, "chat", prometheus.url, [1], "regimeAware",
                                                   ["50%", "100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
                     operator_process)
@@ -201,7 +201,8 @@ def test_guard_regression_restores_exact_templates(apis, operator_process, prome
                                          [(e.reason, e.message) for e in events_of(core, ns, "chat")],
                                          [(j.metadata.name, j.metadata.labels, j.spec.template.spec.containers[0].args)
                                           for j in batch.list_namespaced_job(ns).items], operator_process.log()[-3000:])
-    assert st["decision"]["action"] == "Promote"
+    # measured only at batch 1: lookahead is enabled up to 1 only (never beyond the largest measured win)
+    assert st["decision"]["action"] == "PromoteRegimeAware"
     assert st["rollback"]["reason"] == "GuardRegression"
     assert sorted(st["rollback"]["restored"]) == [f"{ns}/chat-a", f"{ns}/chat-b"]
     reasons = wait_for(lambda: (r := [e.reason for e in events_of(core, ns, "chat")]).count("Restored") >= 2 and r,

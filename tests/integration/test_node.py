@@ -1,0 +1,326 @@
+"""A real node (lookahead_dev.node.DevNode): containerd + runc + CNI bridge + kubelet +
+kube-scheduler, joined to a DevCluster of this module's own (its kube-apiserver needs
+DevNode.apiserver_args), running Pods from the locally built images (hack/build-images.sh).
+
+Opt-in until `make deps` builds the node: the module is skipped, saying what to run, when the node
+binaries or the engine image are missing or when not root, unless LOOKAHEAD_NODE_TESTS=1 (then it
+fails instead). The last test stops the node and checks that nothing is left on the machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from lookahead_dev.devcluster import DevCluster, DevClusterError, control_plane_binary, wait_for
+from lookahead_dev.node import GLOBAL_DIRS, DevNode, DevNodeError, image_archive, image_name, node_binary
+
+pytestmark = pytest.mark.integration
+
+ENGINE_IMAGE = image_name("engine")
+REQUIRED = os.environ.get("LOOKAHEAD_NODE_TESTS") == "1"
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "a real node needs root"
+    try:
+        node_binary("kubelet")
+        for kind in ("engine", "operator", "loadgen"):
+            image_archive(kind)
+    except DevNodeError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="module")
+def env():
+    missing = _missing()
+    if missing:
+        if REQUIRED:
+            pytest.fail(f"LOOKAHEAD_NODE_TESTS=1 but {missing}", pytrace=False)
+        pytest.skip(f"real-node tests are opt-in until `make deps` builds the node: {missing}")
+    state = Path(tempfile.mkdtemp(prefix="lookahead-test-node-"))
+    ip_forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+    cluster = DevCluster(state / "cluster", apiserver_args=DevNode.apiserver_args(state / "cluster"))
+    node = DevNode(cluster, state_dir=state / "node",
+                   images=[image_archive("engine"), image_archive("operator"), image_archive("loadgen")])
+    try:
+        cluster.start()
+        node.start()
+    except (DevClusterError, TimeoutError) as exc:
+        node.stop()
+        cluster.stop()
+        pytest.fail(f"could not start the cluster with a real node: {exc}", pytrace=False)
+    print(f"\nreal node {node.name} on {node.bridge} {node.subnet}: timings {node.timings}")
+    api = cluster.api_client()
+    yield {"cluster": cluster, "node": node, "api": api, "state": state, "ip_forward": ip_forward}
+    api.close()
+    try:
+        node.stop()
+    finally:
+        cluster.stop()
+        import shutil
+
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _namespace(api, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", name), 30,
+             f"the default ServiceAccount in {name}", interval=0.1)
+    return name
+
+
+def _kubectl(env, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run([str(control_plane_binary("kubectl")), f"--kubeconfig={env['cluster'].kubeconfig}", *args],
+                         capture_output=True, text=True, timeout=60)
+    if check and res.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr}")
+    return res
+
+
+def _engine_deployment(name: str, *, command: list[str], readiness_path: str = "/health",
+                       progress_deadline: int | None = None, env_vars: dict[str, str] | None = None) -> dict:
+    labels = {"app": name}
+    env_list = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    env_list += [{"name": k, "value": v} for k, v in (env_vars or {}).items()]
+    spec = {
+        "replicas": 1,
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{
+                    "name": "engine",
+                    "image": ENGINE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "env": env_list,
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                    "readinessProbe": {"httpGet": {"path": readiness_path, "port": "http"},
+                                       "periodSeconds": 1, "failureThreshold": 1},
+                    "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                        "capabilities": {"drop": ["ALL"]}},
+                }],
+            },
+        },
+    }
+    if progress_deadline is not None:
+        spec["progressDeadlineSeconds"] = progress_deadline
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels}, "spec": spec}
+
+
+# The shell form: the kubelet expands $(POD_IP) from the container's env, then the shell expands
+# $ENGINE_PORT and execs the engine (so it is PID 1 of the container and gets SIGTERM).
+SHELL_FORM = ["/bin/sh", "-c",
+              'exec python3 -m lookahead_canary.server --host $(POD_IP) --port "$ENGINE_PORT" '
+              '--backend simulate --served-model-name chat --max-num-seqs 8']
+
+
+def _condition(dep, kind: str):
+    return next((c for c in (dep.status.conditions or []) if c.type == kind), None)
+
+
+@pytest.fixture(scope="module")
+def engine(env):
+    """The engine Deployment (shell-form command, readiness probe), available on the real node."""
+    api = env["api"]
+    ns = _namespace(api, "node-engine")
+    apps = client.AppsV1Api(api)
+    t0 = time.monotonic()
+    apps.create_namespaced_deployment(ns, _engine_deployment("engine", command=SHELL_FORM,
+                                                             env_vars={"ENGINE_PORT": "8000"}))
+
+    def available():
+        dep = apps.read_namespaced_deployment("engine", ns)
+        c = _condition(dep, "Available")
+        return dep if c is not None and c.status == "True" and dep.status.ready_replicas == 1 else None
+
+    dep = wait_for(available, 120, "the engine Deployment to become available", interval=0.2)
+    took = time.monotonic() - t0
+    print(f"\nengine Deployment available in {took:.1f} s")
+    pod = client.CoreV1Api(api).list_namespaced_pod(ns, label_selector="app=engine").items[0]
+    return {"ns": ns, "deployment": dep, "pod": pod, "available_s": took}
+
+
+def test_node_is_ready_with_containerd_and_the_imported_images(env):
+    node, api = env["node"], env["api"]
+    n = client.CoreV1Api(api).read_node(node.name)
+    assert any(c.type == "Ready" and c.status == "True" for c in n.status.conditions)
+    assert n.status.node_info.kubelet_version == "v1.36.3"
+    assert n.status.node_info.container_runtime_version.startswith("containerd://")
+    assert {"type": "InternalIP", "address": node.gateway} in [a.to_dict() for a in n.status.addresses]
+    assert ENGINE_IMAGE in node.image_names()
+    assert node.timings["kubelet_ready"] < 30
+
+
+def test_engine_deployment_from_the_local_image_becomes_available(engine):
+    pod = engine["pod"]
+    assert pod.status.phase == "Running"
+    assert pod.spec.containers[0].image == ENGINE_IMAGE
+    status = pod.status.container_statuses[0]
+    assert status.ready and status.restart_count == 0
+    assert status.image_id  # the runtime resolved the imported image
+
+
+def test_shell_form_command_starts_the_engine_on_the_pod_ip_and_it_answers_from_the_host(env, engine):
+    pod_ip = engine["pod"].status.pod_ip
+    node = env["node"]
+    assert ipaddress.ip_address(pod_ip) in node.subnet and pod_ip != node.gateway
+    with urllib.request.urlopen(f"http://{pod_ip}:8000/health", timeout=5) as r:
+        assert r.status == 200
+    body = json.dumps({"model": "chat", "prompt": "hello", "max_tokens": 4}).encode()
+    req = urllib.request.Request(f"http://{pod_ip}:8000/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = json.loads(r.read())
+    assert out["choices"] and out["usage"]["completion_tokens"] >= 1
+    with urllib.request.urlopen(f"http://{pod_ip}:8000/metrics", timeout=5) as r:
+        assert "vllm:" in r.read().decode()
+    # The shell exec'd the engine: it is the container's PID 1, as the image's non-root user.
+    res = _kubectl(env, "exec", "-n", engine["ns"], engine["pod"].metadata.name, "--",
+                   "/bin/sh", "-c", "id -u; tr '\\0' ' ' </proc/1/cmdline")
+    uid, cmdline = res.stdout.splitlines()[:2]
+    assert uid == "65532"
+    assert cmdline.startswith("python3 -m lookahead_canary.server --host " + pod_ip + " --port 8000")
+
+
+def test_pods_have_no_route_off_the_node(env, engine):
+    res = _kubectl(env, "exec", "-n", engine["ns"], engine["pod"].metadata.name, "--",
+                   "python3", "-c", "print(open('/proc/net/route').read())")
+    routes = [line.split() for line in res.stdout.splitlines()[1:] if line.strip()]
+    assert routes and all(r[1] != "00000000" for r in routes), res.stdout  # no default route
+    # and the host does not forward for them (the node left ip_forward as it was)
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == env["ip_forward"]
+
+
+def test_kubectl_logs_reads_the_container_log(env, engine):
+    res = _kubectl(env, "logs", "-n", engine["ns"], "deployment/engine")
+    assert "engine starting" in res.stdout or "engine listening" in res.stdout, res.stdout[-2000:]
+
+
+def test_crashloop_with_failing_readiness_reports_progress_deadline_exceeded(env):
+    api = env["api"]
+    ns = _namespace(api, "node-crash")
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    t0 = time.monotonic()
+    apps.create_namespaced_deployment(ns, _engine_deployment(
+        "crasher", command=["/bin/sh", "-c", "echo starting; exit 3"], progress_deadline=15))
+
+    def deadline_exceeded():
+        c = _condition(apps.read_namespaced_deployment("crasher", ns), "Progressing")
+        return c if c is not None and c.status == "False" and c.reason == "ProgressDeadlineExceeded" else None
+
+    cond = wait_for(deadline_exceeded, 90, "ProgressDeadlineExceeded on the crashlooping Deployment", interval=0.5)
+    print(f"\nProgressDeadlineExceeded after {time.monotonic() - t0:.1f} s: {cond.message}")
+    pod = core.list_namespaced_pod(ns, label_selector="app=crasher").items[0]
+    status = pod.status.container_statuses[0]
+    assert not status.ready
+    assert status.restart_count >= 1
+    terminated = status.last_state.terminated or (status.state and status.state.terminated)
+    assert terminated is not None and terminated.exit_code == 3
+    assert "starting" in _kubectl(env, "logs", "-n", ns, pod.metadata.name).stdout
+
+
+def test_operator_and_loadgen_images_run_as_the_chart_runs_them(env):
+    """The chart's image with the chart's security context (non-root, read-only root filesystem,
+    no capabilities, /tmp an emptyDir): kopf and the operator's handlers import; the load
+    generator image runs its command."""
+    api = env["api"]
+    ns = _namespace(api, "node-images")
+    core = client.CoreV1Api(api)
+    chart_security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                      "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    pods = {
+        "operator": (image_name("operator"),
+                     ["/bin/sh", "-c", "kopf --version && python3 -c 'import lookahead_operator.handlers, "
+                      "lookahead_canary.loadgen; print(\"imports ok\")'"], "imports ok"),
+        "loadgen": (image_name("loadgen"), ["lookahead-loadgen", "--help"], "usage"),
+    }
+    for name, (image, command, _) in pods.items():
+        core.create_namespaced_pod(ns, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never",
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532},
+                     "containers": [{"name": name, "image": image, "imagePullPolicy": "Never", "command": command,
+                                     "securityContext": chart_security,
+                                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
+                     "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]}})
+    for name, (_, _, expect) in pods.items():
+        def done(name=name):
+            phase = core.read_namespaced_pod(name, ns).status.phase
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(done, 90, f"Pod {name} to finish", interval=0.2)
+        logs = _kubectl(env, "logs", "-n", ns, name).stdout
+        assert phase == "Succeeded", logs[-2000:]
+        assert expect in logs.lower(), logs[-2000:]
+
+
+def _container_pids(node: DevNode) -> list[int]:
+    out = node.ctr("tasks", "list").stdout.splitlines()[1:]
+    return [int(line.split()[1]) for line in out if line.split() and line.split()[1].isdigit()]
+
+
+def test_stop_leaves_no_process_mount_bridge_cgroup_or_runtime_directory(env, engine):
+    node = env["node"]
+    pids = list(node.pids.values()) + _container_pids(node)
+    assert len(pids) >= 5  # containerd, kube-scheduler, kubelet, and at least one sandbox + container
+    state = str(node.state_dir)
+    cgroup_dirs = [h / node.name for h in map(Path, _cgroup_roots())]
+    assert any(d.is_dir() for d in cgroup_dirs)
+
+    node.stop()
+
+    alive = [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+    assert not alive, f"processes still alive: {alive}"
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and state in _cmdline(p)]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert state not in mounts
+    assert "/var/lib/kubelet" not in mounts
+    assert not Path(f"/sys/class/net/{node.bridge}").exists()
+    assert not [d for d in cgroup_dirs if d.exists()]
+    assert not [h for h in _cgroup_roots() if (Path(h) / "kubepods").exists()]
+    for d in GLOBAL_DIRS:
+        if not node._preexisting[d]:
+            assert not os.path.lexists(d), f"{d} is left"
+    assert node.leftovers() == {"processes": [], "mounts": [], "interfaces": [], "cgroups": [],
+                                "directories": [], "netns": []}
+    for key, value in node._sysctls.items():
+        assert Path("/proc/sys", key).read_text().strip() == value
+
+
+def _cgroup_roots() -> list[str]:
+    roots = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        pre, _, post = line.partition(" - ")
+        if post.split()[0] in ("cgroup", "cgroup2"):
+            roots.append(pre.split()[4])
+    return roots
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
