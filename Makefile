@@ -2,10 +2,10 @@
 PY ?= python3
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
-.PHONY: deps deps-python deps-system control-plane engines-venv test test-unit demo crds cluster-up cluster-down \
+.PHONY: deps deps-python deps-system control-plane engines-venv node images test test-unit demo crds cluster-up cluster-down \
         bench-engine bench-decision bench-operator lint-chart
 
-deps: deps-system deps-python control-plane engines-venv
+deps: deps-system deps-python control-plane engines-venv node images
 
 deps-system:
 	bash hack/install-system-deps.sh
@@ -20,11 +20,18 @@ control-plane:
 engines-venv:
 	bash hack/install-engine-venv.sh
 
+# a real node (kubelet, kube-scheduler, containerd, CNI) and the images it runs (docs/node.md)
+node: control-plane
+	bash hack/build-node.sh
+
+images: deps-python
+	bash hack/build-images.sh
+
 crds:
 	$(PY) -m lookahead_dev.crdgen
 
 test: deps
-	$(PY) -m pytest -q -ra
+	LOOKAHEAD_NODE_TESTS=1 $(PY) -m pytest -q -ra
 
 test-unit: deps-python
 	$(PY) -m pytest -q tests/unit

@@ -5,6 +5,8 @@ need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 # openssl makes the dev cluster's certificates (lookahead_dev.devcluster).
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# mmdebstrap makes the images' root filesystem (hack/build-images.sh, the real-node tests).
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
