@@ -80,14 +80,19 @@ from scipy import signal, special
 from lookahead_canary.simulator import RooflineSimulator, SimConfig
 
 from lookahead_operator.decision import BatchOutcome, BatchVerdict
+from lookahead_operator.measure import METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
+from lookahead_operator.models import LookaheadPolicySpec
+from lookahead_operator.statemachine import step_budget
 from lookahead_operator.statistics import (PAIRED_EFFECT_PRIOR, PairedComparison, Thresholds, log_ratio_confidence_sequence,
                          paired_log_confidence_sequence, paired_ratio_confidence_sequence)
 
 # the CRD's defaults
-SAMPLE_S = 5.0
-STEP_WINDOWS = int((120 - 30) / SAMPLE_S)  # 18 windows per arm in a 2m step after a 30s warm-up
+# the CRD's defaults, read from the model the operator parses (one source of truth)
+_DEFAULTS = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}}})
+SAMPLE_S = _DEFAULTS.analysis.sample_interval.total_seconds()
+STEP_WINDOWS = _DEFAULTS.samples_per_step()  # 18 windows per arm in a 2m step after a 30s warm-up
 PLANNED = (1, 2, 4, 8, 16, 32)
-METRICS_PER_BATCH = 3  # latency, throughput, tail (as the operator splits its budget)
+METRICS_PER_BATCH = OPERATOR_METRICS_PER_BATCH  # as the operator splits its budget (latency, throughput)
 
 FIXED_HORIZON = 50
 MWU_ALPHA = 0.02  # Kayenta's 98%
@@ -101,13 +106,14 @@ FLAGGER_DEFAULT_THRESHOLD = 2
 FLAGGER_BASELINE_SIGMA = 0.03
 HORIZON = max(KAYENTA_LOOKS[-1], FLAGGER_TICK * (FLAGGER_ITERATIONS + 2 + max(FLAGGER_THRESHOLDS) + 1))
 
-# ours_extended: a step still Pending at stepDuration keeps measuring up to its share of the deadline,
-# deadline / len(planned) = 5 m (4.5 m after the warm-up): what the statemachine would need to change
-EXTENDED_WINDOWS = int((30 * 60 / len(PLANNED) - 30) / SAMPLE_S)  # 54
+# ours, as the operator runs it: a step still Pending at stepDuration measures on up to its share of
+# the deadline (statemachine.step_budget: deadline / planned sizes = 5 m, 4.5 m after the warm-up).
+# ours_one_step stops every step at stepDuration (18 windows), for comparison.
+EXTENDED_WINDOWS = int((step_budget(_DEFAULTS, len(PLANNED)) - _DEFAULTS.load.warmup).total_seconds() // SAMPLE_S)
 
 PROMOTE, ROLLBACK, INCONCLUSIVE = 0, 1, 2
 HEADLINE = ("ours", "fixed_mwu", "kayenta", "flagger", "flagger_ratio")
-VARIANTS = ("ours_extended", "ours_unpaired")
+VARIANTS = ("ours_one_step", "ours_unpaired")
 METHODS = HEADLINE + VARIANTS + tuple(f"{m}@{t}" for m in ("flagger", "flagger_ratio") for t in FLAGGER_THRESHOLDS
                                       if t != FLAGGER_DEFAULT_THRESHOLD)
 PEERS = ("kayenta", "flagger", "flagger_ratio") + tuple(m for m in METHODS if "@" in m)
@@ -590,8 +596,8 @@ def run(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[Scenario] | N
         base_lat = np.exp(rng.normal(0, FLAGGER_BASELINE_SIGMA, seeds))
         base_tp = np.exp(rng.normal(0, FLAGGER_BASELINE_SIGMA, seeds))
         res = {
-            "ours": run_ours(streams, fth, horizon),
-            "ours_extended": run_ours(streams, fth, EXTENDED_WINDOWS),
+            "ours": run_ours(streams, fth, EXTENDED_WINDOWS),
+            "ours_one_step": run_ours(streams, fth, horizon),
             "ours_unpaired": run_ours(streams, fth, horizon, paired=False),
             "fixed_mwu": run_fixed_mwu(streams, th),
             "kayenta": run_kayenta(streams, th),
@@ -780,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} scenarios x {seeds} seeds in {meta['seconds']} s on {meta['machine']}")
     out = {m: _rounded(realistic[m]) for m in METHODS}
     out["goal"] = goals(realistic)
-    out["goal_extended"] = goals(realistic, "ours_extended")
+    out["goal_one_step"] = goals(realistic, "ours_one_step")
     out["stress_grid"] = {m: _rounded(stress[m]) for m in METHODS}
     out["stress_goal"] = goals(stress)
     out["by_profile"] = {g: {m: {k: round(s[m][k], 5) for k in ("wrong_promotion_rate", "missed_regression_rate",

@@ -425,12 +425,19 @@ def _measuring(b: _Pass) -> None:
         b.go(Phase.Deciding, "Deadline", "analysis deadline reached before every batch size had an answer")
         b.wait(0)
         return
-    timed_out = b.since(p.step_started_at) >= spec.load.step_duration
+    elapsed = b.since(p.step_started_at)
+    timed_out = elapsed >= spec.load.step_duration
     if timed_out and not conclusive and _starved(w.step, spec):
         # No usable data yet (Prometheus down, pods not serving): the step waits for data rather
         # than ending empty; the analysis deadline still bounds it.
         b.s.message = (f"batch size {sizes[step]}: step duration reached without enough samples "
                        f"(need {spec.load.min_samples_per_step} per role); waiting for data until the deadline")
+        timed_out = False
+    elif timed_out and not conclusive and elapsed < step_budget(spec, len(sizes)):
+        # Data, but no answer yet: the (anytime-valid) test keeps sampling up to the step's share
+        # of the analysis deadline, time the deadline allows anyway (docs/statistics.md).
+        b.s.message = (f"batch size {sizes[step]}: no clear answer at stepDuration; measuring on, up to "
+                       f"{_seconds(step_budget(spec, len(sizes))):.0f}s (its share of analysis.deadline)")
         timed_out = False
     if conclusive or timed_out:
         b.act(ActionKind.DELETE_LOAD)
@@ -444,9 +451,14 @@ def _measuring(b: _Pass) -> None:
         b.wait(0)
         return
     # Look again when the next sample window closes (or a clock runs out, if sooner).
-    left = min(spec.load.step_duration - b.since(p.step_started_at),
-               spec.analysis.deadline - b.since(p.measuring_since), spec.analysis.sample_interval)
+    left = min(spec.analysis.deadline - b.since(p.measuring_since), spec.analysis.sample_interval)
     b.wait(max(0.5, _seconds(left)))
+
+
+def step_budget(spec: LookaheadPolicySpec, planned: int) -> timedelta:
+    """The longest one step measures while its answer is unclear: its share of the analysis
+    deadline, and never less than ``load.stepDuration``."""
+    return max(spec.load.step_duration, spec.analysis.deadline / max(1, planned))
 
 
 def _starved(step: StepMeasurement | None, spec: LookaheadPolicySpec) -> bool:

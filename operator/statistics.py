@@ -320,7 +320,32 @@ class _Welford:
         return self.m2 / (self.n - 1) if self.n >= 2 else math.nan
 
 
-class SequentialComparison:
+class _Comparison:
+    """What every comparison of canary against control shares: the metric, its direction, the
+    threshold and confidence, and the two ways the operator builds one from its thresholds."""
+
+    def __init__(self, metric: str, direction: Direction | str, threshold: float, confidence: float,
+                 min_samples: int) -> None:
+        self.metric = metric
+        self.direction = Direction(direction)
+        self.threshold = float(threshold)
+        self.confidence = float(confidence)
+        if not 0 < self.confidence < 1:
+            raise ValueError("confidence must be in (0, 1)")
+        self.min_samples = int(min_samples)
+
+    @classmethod
+    def for_latency(cls, thresholds: Thresholds, metric: str = "per_token_latency_seconds"):
+        return cls(metric, Direction.LOWER_IS_BETTER, thresholds.min_latency_improvement,
+                   thresholds.confidence, thresholds.min_samples)
+
+    @classmethod
+    def for_throughput(cls, thresholds: Thresholds, metric: str = "output_tokens_per_second"):
+        return cls(metric, Direction.HIGHER_IS_BETTER, thresholds.max_throughput_regression,
+                   thresholds.confidence, thresholds.min_samples)
+
+
+class SequentialComparison(_Comparison):
     """Feed samples per arm as they arrive; ask `result()` at any time.
 
     >>> c = SequentialComparison("tpot_seconds", Direction.LOWER_IS_BETTER, threshold=0.05)
@@ -336,29 +361,13 @@ class SequentialComparison:
         min_samples: int = 10,
         mixture_scale: float | None = None,
     ) -> None:
-        self.metric = metric
-        self.direction = Direction(direction)
-        self.threshold = float(threshold)
-        self.confidence = float(confidence)
-        if not 0 < self.confidence < 1:
-            raise ValueError("confidence must be in (0, 1)")
-        self.min_samples = int(min_samples)
+        super().__init__(metric, direction, threshold, confidence, min_samples)
         # tau: the effect scale where the boundary is tightest; default the threshold itself
         # (floored so that a 0% threshold still gives a usable boundary)
         self.tau = float(mixture_scale) if mixture_scale is not None else max(self.threshold, 0.01)
         # a zero is a stall (counted) for throughput, an impossible value (rejected) for latency
         zeros = self.direction is Direction.HIGHER_IS_BETTER
         self._arms = {"control": _Welford(zeros), "canary": _Welford(zeros)}
-
-    @classmethod
-    def for_latency(cls, thresholds: Thresholds, metric: str = "per_token_latency_seconds") -> "SequentialComparison":
-        return cls(metric, Direction.LOWER_IS_BETTER, thresholds.min_latency_improvement,
-                   thresholds.confidence, thresholds.min_samples)
-
-    @classmethod
-    def for_throughput(cls, thresholds: Thresholds, metric: str = "output_tokens_per_second") -> "SequentialComparison":
-        return cls(metric, Direction.HIGHER_IS_BETTER, thresholds.max_throughput_regression,
-                   thresholds.confidence, thresholds.min_samples)
 
     def add(self, role: str, samples: Iterable[float] | float) -> None:
         if role not in self._arms:
@@ -548,7 +557,7 @@ def _value(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-class PairedComparison:
+class PairedComparison(_Comparison):
     """Canary vs control on one metric over *paired* intervals: interval i of both arms covers the
     same wall-clock window under the same load. Feed intervals as they close; ask `result()` at any
     time (anytime-valid, like `SequentialComparison`, whose `ComparisonResult` it returns with
@@ -578,13 +587,7 @@ class PairedComparison:
         effect_prior: float | None = None,
         estimator: str | None = None,
     ) -> None:
-        self.metric = metric
-        self.direction = Direction(direction)
-        self.threshold = float(threshold)
-        self.confidence = float(confidence)
-        if not 0 < self.confidence < 1:
-            raise ValueError("confidence must be in (0, 1)")
-        self.min_samples = int(min_samples)
+        super().__init__(metric, direction, threshold, confidence, min_samples)
         # c: prior precision of the standardised effect in the mixture; see PAIRED_EFFECT_PRIOR
         self.effect_prior = float(effect_prior) if effect_prior is not None else PAIRED_EFFECT_PRIOR
         if self.effect_prior <= 0:
@@ -604,16 +607,6 @@ class PairedComparison:
         self.rejected = 0  # values that were present but impossible (negative; zero latency)
 
     # -- construction like SequentialComparison -------------------------------------------
-    @classmethod
-    def for_latency(cls, thresholds: Thresholds, metric: str = "per_token_latency_seconds") -> "PairedComparison":
-        return cls(metric, Direction.LOWER_IS_BETTER, thresholds.min_latency_improvement,
-                   thresholds.confidence, thresholds.min_samples)
-
-    @classmethod
-    def for_throughput(cls, thresholds: Thresholds, metric: str = "output_tokens_per_second") -> "PairedComparison":
-        return cls(metric, Direction.HIGHER_IS_BETTER, thresholds.max_throughput_regression,
-                   thresholds.confidence, thresholds.min_samples)
-
     # -- feeding --------------------------------------------------------------------------
     def _clean(self, x: Any) -> float | None:
         v = _value(x)

@@ -202,11 +202,16 @@ def test_measuring_walks_steps_records_rows_and_asks_to_look_at_the_next_sample(
     assert w3.status.progress.load_run == w2.status.progress.load_run + 1, "the next step's Jobs get new names"
 
 
-def test_step_with_data_times_out_a_starved_one_waits_and_the_deadline_ends_measurement():
+def test_an_unclear_step_measures_on_to_its_share_a_starved_one_waits_and_the_deadline_ends_measurement():
     w = to_measuring(world())
+    share = sm.step_budget(SPEC, 2).total_seconds()          # 30m / 2 batch sizes = 15m
+    assert share == DEADLINE.total_seconds() / 2 > STEP.total_seconds()
     _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
-    assert w.status.progress.step == 1, "enough samples but no answer: the step ends at stepDuration"
-    _, w = run(replace(at(w, 2 * STEP.total_seconds() + 2), step=sm.StepMeasurement(row(8, "Pending", n=3), False)))
+    assert w.status.progress.step == 0 and "measuring on" in w.status.message, "data, no answer: it measures on"
+    _, w = run(replace(at(w, share + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert w.status.progress.step == 1, "its share of the deadline used: the step ends without an answer"
+    t = share + 1 + STEP.total_seconds() + 1
+    _, w = run(replace(at(w, t), step=sm.StepMeasurement(row(8, "Pending", n=3), False)))
     assert w.status.progress.step == 1 and "waiting for data" in w.status.message, "too few samples: it waits"
     _, w = run(at(w, DEADLINE.total_seconds() + 1))
     assert w.status.phase == Phase.Deciding
