@@ -14,6 +14,13 @@ Two places where we differ from vLLM on purpose:
   its previous tokens, we observe ``dt / k`` ``k`` times. ``_sum`` still adds up to the wall
   time the client waited, and ``_count`` equals the generated tokens after each request's
   first, so ``rate(_sum) / rate(_count)`` is a true mean per-token latency.
+* ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position}`` follows vLLM's definition
+  (a draft that had ``a`` tokens accepted adds one at positions ``0..a-1``; per-position
+  acceptance is its increase over the drafts counter's). vLLM creates positions
+  ``0..num_speculative_tokens-1`` at start; we create the positions the configuration can accept
+  (Jacobi: ``ngram - 1``; ngram: ``num_speculative_tokens``; at least position 0, so the family
+  is there, at 0, on a greedy engine as our other spec-decode counters are), and add a position
+  when a longer draft (prompt-lookup seeding) is accepted.
 * ``vllm:kv_cache_usage_perc`` is a stand-in: the reference engine keeps one dense KV cache
   per running sequence rather than a paged block pool, so "usage" is
   ``running sequences / --max-num-seqs`` (0..1, where 1 means the batch is full). It answers
@@ -83,8 +90,11 @@ VLLM_COUNTERS = (
     "vllm:spec_decode_num_drafts_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
     "vllm:request_success_total",
 )
+#: The per-position counter's extra label (vLLM: ``position``, "0", "1", ...).
+POSITION_LABEL = "position"
 VLLM_GAUGES = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -108,6 +118,26 @@ class FinishedRequest:
     prompt_tokens: int
     generation_tokens: int
     finish_reason: str
+
+
+def spec_positions(info: dict[str, str] | None) -> int:
+    """Draft positions the engine's speculative configuration can accept (from the
+    ``lookahead_engine_info`` labels): Jacobi ``ngram - 1``, ngram ``num_speculative_tokens``;
+    at least 1."""
+    info = info or {}
+
+    def num(key: str) -> int:
+        try:
+            return int(str(info.get(key, "")).strip())
+        except ValueError:
+            return 0
+
+    method = info.get("method")
+    if method == "jacobi":
+        return max(1, num("ngram") - 1)
+    if method == "ngram":
+        return max(1, num("num_speculative_tokens"))
+    return 1
 
 
 class EngineMetrics:
@@ -167,6 +197,11 @@ class EngineMetrics:
                                          "Number of draft tokens verified.")
         self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens",
                                             "Number of draft tokens accepted.")
+        self._per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                "Accepted tokens per draft position.", LABELS + (POSITION_LABEL,),
+                                registry=r)
+        self.spec_accepted_per_pos: list = []
+        self._ensure_positions(spec_positions(info))
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           LABELS + ("finished_reason",), registry=r)
         self.request_success = {reason: success.labels(model_name, engine, reason)
@@ -203,14 +238,23 @@ class EngineMetrics:
         if n > 0:
             self.prompt_tokens.inc(n)
 
+    def _ensure_positions(self, n: int) -> None:
+        while len(self.spec_accepted_per_pos) < n:
+            pos = str(len(self.spec_accepted_per_pos))
+            self.spec_accepted_per_pos.append(self._per_pos.labels(self.model_name, self.engine, pos))
+
     def observe_spec(self, draft_tokens: int, accepted_tokens: int) -> None:
-        """One sequence's share of one speculative step."""
+        """One sequence's share of one speculative step (one draft, as vLLM counts it): the
+        accepted tokens are the draft's first ``accepted_tokens``, so positions ``0..a-1`` count."""
         if draft_tokens <= 0:
             return
         self.spec_drafts.inc()
         self.spec_draft_tokens.inc(draft_tokens)
         if accepted_tokens > 0:
             self.spec_accepted_tokens.inc(accepted_tokens)
+            self._ensure_positions(accepted_tokens)
+            for pos in range(accepted_tokens):
+                self.spec_accepted_per_pos[pos].inc()
 
     def observe_first_token(self, arrival: float, first_token: float) -> None:
         self.ttft.observe(max(0.0, first_token - arrival))

@@ -164,12 +164,17 @@ def scrape_metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
 
     with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as r:
         text = r.read().decode()
+    from .report import position_key
+
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name.endswith("_bucket") or s.name.endswith("_created"):
                 continue
             out[s.name] = out.get(s.name, 0.0) + float(s.value)
+            if "position" in s.labels:  # per-position acceptance: kept per position too (report.py)
+                key = position_key(s.name, int(s.labels["position"]))
+                out[key] = out.get(key, 0.0) + float(s.value)
     return out
 
 

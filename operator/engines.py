@@ -250,8 +250,7 @@ VLLM_METRICS = MetricNames(
 #: it is unbiased under speculation, and it gives a sample every token rather than every request:
 #: the per-token latency series of choice, dense enough for short measurement windows.
 REFERENCE_METRICS = MetricNames(**{**VLLM_METRICS.__dict__, "engine": "reference",
-                                   "per_token_latency": "vllm:inter_token_latency_seconds", "chunk_itl": None,
-                                   "accepted_per_position": None})
+                                   "per_token_latency": "vllm:inter_token_latency_seconds", "chunk_itl": None})
 
 #: SGLang (python/sglang/srt/observability/metrics_collector.py in 0.5.23; only with
 #: ``--enable-metrics``). Its ITL histogram is per token (an interval carrying k tokens is observed

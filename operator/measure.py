@@ -24,6 +24,7 @@ from . import statemachine as sm
 from .decision import Action, BatchVerdict, decide
 from .models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec, LookaheadPolicyStatus,
                      PreflightStatus)
+from .preflight import DCGM_SIGNALS
 from .preflight import preflight as run_preflight
 from .preflight import production_batch_sizes
 from .statistics import PairedComparison, SequentialComparison, Thresholds
@@ -68,13 +69,24 @@ def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], s
     """Disjoint-interval samples of per-token latency (s) and output throughput (tok/s) of the
     pods ``labels`` select over [start, end], read by ``observations.observe`` (exact, reset-aware
     increases from the raw samples). One entry per window, ``None`` where a window has no value
-    (no token finished): windows of two calls with the same bounds pair up by position."""
+    (no token finished): windows of two calls with the same bounds pair up by position.
+
+    Also, over the whole of [start, end]: ``acceptance`` (accepted / draft tokens),
+    ``meanAcceptanceLength`` (1 + accepted / drafts: tokens per verification step) and
+    ``acceptanceByPosition`` (per draft position, accepted / drafts), each ``None`` when not
+    measured."""
     if end.timestamp() - start.timestamp() < step:
-        return {"latency": [], "throughput": [], "acceptance": None}
+        return {"latency": [], "throughput": [], "acceptance": None, "meanAcceptanceLength": None,
+                "acceptanceByPosition": None}
     obs = observations.observe(prom, names, labels, start.timestamp(), end.timestamp(), interval_s=step)
     iv = obs.intervals
-    return {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
-            "acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None}
+    by_pos = obs.acceptance_by_position
+    out = {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
+           "acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None,
+           "meanAcceptanceLength": obs.mean_acceptance_length.value if obs.mean_acceptance_length.ok else None,
+           # a vector only when every position has a value (positions share one denominator)
+           "acceptanceByPosition": [m.value for m in by_pos][:64] if by_pos and all(m.ok for m in by_pos) else None}
+    return out
 
 
 def scraped_until(prom, names: engines.MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
@@ -122,10 +134,11 @@ def preflight(spec: LookaheadPolicySpec, targets: list[sm.Target]) -> sm.Preflig
         if names.running:
             for quant in (0.5, 0.9, 0.99):
                 queries[f"q{quant}"] = f"quantile_over_time({quant}, sum({names.running}{sel})[30m:15s])"
-        for key, metric in (("dram_active", "DCGM_FI_PROF_DRAM_ACTIVE"), ("sm_active", "DCGM_FI_PROF_SM_ACTIVE"),
-                            ("tensor_active", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
-                            ("gpu_util", "DCGM_FI_DEV_GPU_UTIL")):
-            queries[key] = f"avg(avg_over_time({metric}{sel}[30m]))"
+        # GPU series: dcgm-exporter's namespace/pod, or exported_namespace/exported_pod where Prometheus
+        # scraped the exporter with honorLabels: false (its Helm chart); `or` keeps a series once
+        gpu_sels = [f'{{{ns}=~"{namespaces}",{pod}=~"{pods}"}}' for ns, pod in observations.DCGM_POD_LABELS]
+        for key, metric in DCGM_SIGNALS.items():
+            queries[key] = "avg(" + " or ".join(f"avg_over_time({metric}{g}[30m])" for g in gpu_sels) + ")"
         # the queries are independent: ask them at once (the pass waits for the slowest, not the sum)
         with ThreadPoolExecutor(max_workers=len(queries)) as pool:
             values = dict(zip(queries, pool.map(lambda q: _scalar(prom, q), queries.values())))
@@ -143,13 +156,19 @@ def preflight(spec: LookaheadPolicySpec, targets: list[sm.Target]) -> sm.Preflig
     q = signals.get("running_batch_quantiles")
     auto = production_batch_sizes(q, 64) if q else [1, 8]
     sizes = list(spec.load.batch_sizes or auto)
+    from pydantic.alias_generators import to_camel
+
+    numbers = {to_camel(k): float(v) for k, v in signals.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    for quant, v in (q or {}).items():
+        numbers[f"runningP{round(quant * 100)}"] = float(v)
     status = PreflightStatus(candidate=result.get("candidate", True), verdict=result.get("verdict"),
-                             reasons=reasons or None, missing=result.get("missing") or None, batch_sizes=sizes)
+                             reasons=reasons or None, missing=result.get("missing") or None,
+                             signals=numbers or None, batch_sizes=sizes)
     return sm.PreflightResult(status=status, batch_sizes=sizes)
 
 
 def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size: int, start: datetime,
-                  end: datetime, engine: str, planned: int = 1) -> BatchVerdict:
+                  end: datetime, engine: str, planned: int = 1) -> tuple[BatchVerdict, dict[str, Any]]:
     """Canary vs control at one batch size over [start + warmup, end], window by window (both arms
     are driven at once, so window i of each covers the same wall-clock interval: drift shared by
     both cancels). Each test runs at its share of the policy's error budget (``planned`` batch
@@ -167,7 +186,7 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     lat.add_pairs(samples["control"]["latency"][:n], samples["canary"]["latency"][:n])
     n = min(len(samples["control"]["throughput"]), len(samples["canary"]["throughput"]))
     tp.add_pairs(samples["control"]["throughput"][:n], samples["canary"]["throughput"][:n])
-    return BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"])
+    return BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"]), samples["canary"]
 
 
 #: Metrics tested per batch size (per-token latency and throughput): the family-wise split.
@@ -186,8 +205,10 @@ def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPo
     if i >= len(sizes) or p.step_started_at is None:
         return None
     th = family_thresholds(spec, len(sizes))
-    bv = batch_verdict(spec, policy, sizes[i], p.step_started_at, now, _engine(status), len(sizes))
-    return sm.StepMeasurement(row=BatchResult.model_validate(bv.to_status(th)), conclusive=bv.settled(th))
+    bv, canary = batch_verdict(spec, policy, sizes[i], p.step_started_at, now, _engine(status), len(sizes))
+    row = BatchResult.model_validate({**bv.to_status(th), "meanAcceptanceLength": canary.get("meanAcceptanceLength"),
+                                      "acceptanceByPosition": canary.get("acceptanceByPosition")})
+    return sm.StepMeasurement(row=row, conclusive=bv.settled(th))
 
 
 def _engine(status: LookaheadPolicyStatus) -> str:

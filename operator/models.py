@@ -879,6 +879,13 @@ class BatchResult(StatusModel):
                                                        description="Confidence interval [low, high] of throughputChange.")
     acceptance_rate: Optional[float] = Field(default=None, ge=0, le=1,
                                              description="Accepted / proposed draft tokens on the canary.")
+    mean_acceptance_length: Optional[float] = Field(
+        default=None, ge=0,
+        description="Canary tokens per verification step, bonus token included: 1 + accepted / drafts.")
+    acceptance_by_position: Optional[list[float]] = Field(
+        default=None, max_length=64,
+        description="Canary per-position acceptance: index k is the share of drafts whose k-th token was accepted "
+                    "(vllm:spec_decode_num_accepted_tokens_per_pos_total / drafts).")
     samples: Optional[RoleSamples] = Field(default=None, description="Samples per role behind this row.")
     confidence: Optional[float] = Field(default=None, ge=0, le=1, description="Confidence of the intervals.")
     latency_verdict: Optional[str] = Field(default=None, max_length=64,
@@ -955,6 +962,9 @@ class PreflightStatus(StatusModel):
     verdict: Optional[str] = Field(default=None, max_length=MAX_SHORT, description="The verdict in a word or two.")
     reasons: Optional[list[str]] = Field(default=None, description="Why, with the numbers.")
     missing: Optional[list[str]] = Field(default=None, description="Metrics that were not available (e.g. DCGM SM_ACTIVE).")
+    signals: Optional[dict[str, float]] = Field(
+        default=None, description="The numbers read, by signal (DCGM counters as fractions 0..1, seconds, running "
+                                  "requests as runningP50/P90/P99).")
     batch_sizes: Optional[list[int]] = Field(default=None, description="Batch sizes to measure (auto: from running-request quantiles).")
     checked_at: Optional[Timestamp] = None
 

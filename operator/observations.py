@@ -11,6 +11,10 @@ series matching ``selector_labels`` (e.g. ``{"lookahead_dev_policy": "p", "looka
 * TTFT, e2e, queue, prefill and decode time -- histogram means, same way;
 * acceptance rate -- increase of accepted draft tokens / increase of draft tokens (SGLang: only
   its gauge, averaged, and labelled as such);
+* acceptance as users read it -- mean acceptance length, tokens per verification step,
+  ``1 + accepted / drafts`` (SGLang: generated tokens / ``spec_verify_calls``; engines with only a
+  gauge: its mean, labelled), and per-position acceptance, the increase of
+  ``vllm:spec_decode_num_accepted_tokens_per_pos_total{position}`` over the drafts' increase;
 * mean running batch and waiting queue -- time average of the gauges per pod, averaged over pods;
 * per-interval samples (throughput, per-token latency) for the sequential statistics.
 
@@ -31,7 +35,10 @@ pod, or labels created at the first observation); a window not yet scraped past 
 Labels the queries rely on (set by the pod harness / Prometheus relabelling from the labels the
 operator puts on everything it creates, see docs/architecture.md):
 ``lookahead_dev_policy``, ``lookahead_dev_role`` (``canary`` | ``control`` | ``loadgen``),
-``lookahead_dev_target``. DCGM series: ``namespace``, ``pod`` (dcgm-exporter's Kubernetes mapping).
+``lookahead_dev_target`` (and ``lookahead_dev_policy_namespace``). DCGM series: ``namespace``,
+``pod`` (dcgm-exporter's Kubernetes mapping), or ``exported_namespace``, ``exported_pod`` when
+Prometheus scraped the exporter with ``honorLabels: false`` (its Helm chart's ServiceMonitor):
+both are matched.
 """
 
 from __future__ import annotations
@@ -48,27 +55,17 @@ from .api import PROM_LABEL_POLICY as LABEL_POLICY
 from .api import PROM_LABEL_ROLE as LABEL_ROLE
 from .api import PROM_LABEL_TARGET as LABEL_TARGET
 from .engines import MetricNames, metric_names
+from .preflight import DCGM_MISSING_HINTS, DCGM_SIGNALS
 
 #: How far before ``start`` to look for the baseline sample (Prometheus' own staleness limit).
 DEFAULT_LOOKBACK_S = 300.0
 DEFAULT_MIN_REQUESTS = 3
 
-DCGM_METRICS = {
-    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
-    "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
-    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "gpu_util": "DCGM_FI_DEV_GPU_UTIL",
-}
-DCGM_MISSING_HINTS = {
-    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE is a profiling counter: dcgm-exporter must run with the "
-                   "DCP (profiling) metrics enabled",
-    "sm_active": "DCGM_FI_PROF_SM_ACTIVE is off in dcgm-exporter's default collector set; add it to the "
-                 "counters CSV (dcp-metrics-included.csv) to see spare compute",
-    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE is a profiling counter not in every collector set; "
-                     "enable it in dcgm-exporter's counters CSV",
-    "gpu_util": "DCGM_FI_DEV_GPU_UTIL not exported (it is kernel residency, not arithmetic load, and is "
-                "never used to judge spare compute)",
-}
+#: DCGM signal key -> dcgm-exporter metric (``preflight.DCGM_SIGNALS``); hints in ``DCGM_MISSING_HINTS``.
+DCGM_METRICS = dict(DCGM_SIGNALS)
+#: The label pairs a GPU series may carry the workload pod under: dcgm-exporter's own Kubernetes
+#: mapping, and the same renamed by Prometheus when the exporter is scraped with honorLabels: false.
+DCGM_POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
 
 
 class ObservationError(RuntimeError):
@@ -172,6 +169,11 @@ class Observation:
     mean_waiting: Measured
     intervals: IntervalSamples
     notes: list[str] = field(default_factory=list)
+    drafts: Measured = field(default_factory=lambda: Measured.missing("not read"))
+    mean_acceptance_length: Measured = field(default_factory=lambda: Measured.missing("not read"))
+    #: index = draft position (vLLM's ``position`` label); empty when unavailable (reason below)
+    acceptance_by_position: list[Measured] = field(default_factory=list)
+    acceptance_by_position_reason: str = ""
 
     @property
     def role(self) -> str | None:
@@ -191,7 +193,9 @@ class Observation:
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"selector": self.selector, "role": self.role, "start": self.start, "end": self.end,
                              "engine": self.engine, "per_token_latency_source": self.per_token_latency_source,
-                             "notes": self.notes, "intervals": asdict(self.intervals)}
+                             "notes": self.notes, "intervals": asdict(self.intervals),
+                             "acceptance_by_position": [m.to_dict() for m in self.acceptance_by_position],
+                             "acceptance_by_position_reason": self.acceptance_by_position_reason}
         for k, v in self.values().items():
             d[k] = v.to_dict()
         return d
@@ -465,6 +469,7 @@ def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mappi
         acceptance = Measured.missing("the engine exports no acceptance metrics")
     draft_tokens = draft_tokens or Measured.missing("the engine exports no draft-token counter")
     accepted = accepted or Measured.missing("the engine exports no accepted-token counter")
+    drafts, mean_length, by_position, by_position_reason = _acceptance_detail(r, m, gen)
 
     running = _gauge_mean(r, m.running, "running requests")
     waiting = _gauge_mean(r, m.waiting, "waiting requests")
@@ -475,7 +480,86 @@ def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mappi
                        output_tokens_per_s=tput, requests=requests, ttft_s=ttft, e2e_s=e2e, queue_time_s=queue,
                        prefill_time_s=prefill, decode_time_s=decode, acceptance_rate=acceptance,
                        draft_tokens=draft_tokens, accepted_tokens=accepted, mean_running=running,
-                       mean_waiting=waiting, intervals=intervals, notes=notes)
+                       mean_waiting=waiting, intervals=intervals, notes=notes, drafts=drafts,
+                       mean_acceptance_length=mean_length, acceptance_by_position=by_position,
+                       acceptance_by_position_reason=by_position_reason)
+
+
+POSITION_LABEL = "position"
+
+
+def _acceptance_detail(r: _Reader, m: MetricNames, gen: _Delta | None
+                       ) -> tuple[Measured, Measured, list[Measured], str]:
+    """(drafts, mean acceptance length, per-position acceptance, why per-position is empty).
+
+    Mean acceptance length is tokens per verification step, bonus token included, as vLLM defines
+    it: ``1 + increase(accepted) / increase(drafts)``. SGLang has no accepted-token counter; its
+    ``spec_verify_calls_total`` and ``generation_tokens_total`` both move when a request finishes,
+    so over the same window ``generated / verify calls`` is the same quantity (each request's first
+    token, from prefill, is counted too). An engine with only an acceptance-length gauge gets the
+    gauge's mean, labelled as such. Per position ``k``: ``increase(accepted_per_pos{position=k}) /
+    increase(drafts)``, the share of drafts whose ``k``-th token was accepted.
+    """
+    dd = r.delta(m.drafts) if m.drafts else None
+    if not m.drafts:
+        drafts = Measured.missing("the engine exports no drafts counter")
+    elif dd is None:
+        drafts = Measured.missing(f"no series {m.drafts}{r.sel} (speculation off, or not reported)")
+    elif dd.unscraped:
+        drafts = Measured.missing(_not_scraped_reason(m.drafts, r.sel, r.end))
+    elif dd.value <= 0:
+        drafts = Measured.missing("no drafts in the window (speculation off, or off at this batch size)")
+    else:
+        drafts = Measured.of(dd.value, dd.series, "drafts")
+
+    unit = "tokens/step"
+    if m.drafts and m.accepted_tokens and (dd is not None or not m.acceptance_length_gauge):
+        da = r.delta(m.accepted_tokens)
+        if not drafts.ok:
+            length = Measured.missing(drafts.reason, unit)
+        elif da is None:
+            length = Measured.missing(f"no series {m.accepted_tokens}{r.sel}", unit)
+        elif da.unscraped:
+            length = Measured.missing(_not_scraped_reason(m.accepted_tokens, r.sel, r.end), unit)
+        else:
+            length = Measured.of(1.0 + da.value / drafts.value, int(drafts.value), unit)
+    elif m.drafts and (dd is not None or not m.acceptance_length_gauge):
+        if not drafts.ok:
+            length = Measured.missing(drafts.reason, unit)
+        elif gen is None or gen.unscraped or gen.value <= 0:
+            length = Measured.missing(f"no generated tokens of {m.generation_tokens}{r.sel} in the window", unit)
+        else:
+            length = Measured.of(gen.value / drafts.value, int(drafts.value), unit,
+                                 reason=f"{m.generation_tokens} / {m.drafts} (both counted when a request "
+                                        "finishes; each request's first token, from prefill, included)")
+    elif m.acceptance_length_gauge:
+        g = _gauge_mean(r, m.acceptance_length_gauge, "acceptance length")
+        length = Measured(g.state, g.value, ("from a point-in-time gauge (the engine exports no drafts "
+                                             "counter)" + (f"; {g.reason}" if g.reason else "")), g.samples, unit)
+    else:
+        length = Measured.missing("the engine exports no acceptance-length metrics", unit)
+
+    by_position: list[Measured] = []
+    if not m.accepted_per_position:
+        return drafts, length, by_position, "the engine exports no per-position acceptance counter"
+    if not drafts.ok:
+        return drafts, length, by_position, drafts.reason
+    groups: dict[int, dict[tuple, Series]] = {}
+    for labels, pts in r.series(m.accepted_per_position).items():
+        pos = dict(labels).get(POSITION_LABEL, "")
+        if pos.isdigit():
+            groups.setdefault(int(pos), {})[labels] = pts
+    if not groups:
+        return drafts, length, by_position, f"no series {m.accepted_per_position}{r.sel}"
+    for pos in range(max(groups) + 1):
+        if pos not in groups:
+            by_position.append(Measured.missing(f"no series for position {pos}", "ratio"))
+            continue
+        d = _delta(groups[pos], r.start, r.end)
+        if d.unscraped:
+            return drafts, length, [], _not_scraped_reason(m.accepted_per_position, r.sel, r.end)
+        by_position.append(Measured.of(d.value / drafts.value, int(drafts.value), "ratio"))
+    return drafts, length, by_position, ""
 
 
 def _point_at(pts: Series, b: float, is_start: bool, is_end: bool) -> tuple[float, float] | None:
@@ -612,7 +696,9 @@ class FleetSignals:
     """What the preflight reads from the fleet's own metrics over a window.
 
     Engine signals aggregate every series under the selector; DCGM signals are means over the
-    window, overall and per ``(namespace, pod)``. Missing DCGM counters say which and why.
+    window, overall and per ``namespace/pod`` (the workload pod: ``exported_namespace`` /
+    ``exported_pod`` where the exporter was scraped with honorLabels: false). Missing DCGM counters
+    say which and why (``preflight.DCGM_MISSING_HINTS``).
     """
 
     start: float
@@ -632,6 +718,8 @@ class FleetSignals:
     sm_active: Measured
     tensor_active: Measured
     gpu_util: Measured
+    gr_engine_active: Measured
+    sm_occupancy: Measured
     by_pod: dict[str, dict[str, Measured]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -650,7 +738,9 @@ class FleetSignals:
             "running_batch_quantiles": quantiles or None,
             "ttft_share": (ttft / e2e) if ttft is not None and e2e else None,
             "dram_active": v(self.dram_active),
+            "gr_engine_active": v(self.gr_engine_active),
             "sm_active": v(self.sm_active),
+            "sm_occupancy": v(self.sm_occupancy),
             "tensor_active": v(self.tensor_active),
             "gpu_util": v(self.gpu_util),
         }
@@ -678,12 +768,15 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
                   min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
                   now: float | None = None) -> FleetSignals:
     """Preflight signals for a fleet: prefill vs decode time, running-request quantiles (for
-    ``batchSizes: auto``), and DCGM DRAM / SM / tensor activity and GPU_UTIL.
+    ``batchSizes: auto``), and the DCGM counters of ``preflight.DCGM_SIGNALS`` (DRAM, GR engine,
+    SM, SM occupancy and tensor-pipe activity, GPU_UTIL).
 
     DCGM series are selected by ``dcgm_labels`` plus ``namespace`` and ``pod=~"pod1|pod2"``
-    (dcgm-exporter's Kubernetes mapping); with none of these given, by ``selector_labels``.
-    Profiling counters are fractions 0..1; GPU_UTIL is a percentage and is reported but means
-    kernel residency, not spare compute.
+    (dcgm-exporter's Kubernetes mapping) -- and, as a second selector whose series are merged in,
+    ``exported_namespace`` / ``exported_pod`` (the same labels when Prometheus scraped the exporter
+    with ``honorLabels: false``, as its Helm chart does); with none of these given, by
+    ``selector_labels``. Profiling counters are fractions 0..1; GPU_UTIL is a percentage and is
+    reported but means kernel residency, not spare compute.
     """
     m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
     r = _Reader(prom, selector_labels, start, end, lookback_s=lookback_s, now=now)
@@ -712,19 +805,24 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
         qs["max"] = make(max(allv), len(allv), "requests")
         qs["mean"] = make(statistics.fmean(allv), len(allv), "requests")
 
-    dl = dict(dcgm_labels or {})
-    regex: dict[str, str] = {}
-    if namespace:
-        dl["namespace"] = namespace
-    if pods:
-        regex["pod"] = "|".join(re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\1", p) for p in pods)
-    if not dl and not regex:
-        dl = dict(selector_labels)
-    d = _Reader(prom, dl, start, end, lookback_s=lookback_s, now=now, regex=regex)
+    readers: list[_Reader] = []
+    if namespace or pods:
+        pod_re = "|".join(re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\1", p) for p in pods or [])
+        for ns_label, pod_label in DCGM_POD_LABELS:
+            dl = dict(dcgm_labels or {})
+            if namespace:
+                dl[ns_label] = namespace
+            readers.append(_Reader(prom, dl, start, end, lookback_s=lookback_s, now=now,
+                                   regex={pod_label: pod_re} if pods else None))
+    else:
+        readers.append(_Reader(prom, dict(dcgm_labels or selector_labels), start, end, lookback_s=lookback_s,
+                               now=now))
     dcgm: dict[str, Measured] = {}
     by_pod: dict[str, dict[str, Measured]] = {}
     for key, metric in DCGM_METRICS.items():
-        series = d.gauge_points(metric)
+        series: dict[tuple, list[float]] = {}
+        for d in readers:
+            series.update(d.gauge_points(metric))   # a series both selectors match counts once
         vals = [v for vs in series.values() for v in vs]
         unit = "%" if key == "gpu_util" else "fraction"
         if not series or not vals:
@@ -735,8 +833,7 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
         for labels, vs in series.items():
             if not vs:
                 continue
-            ld = dict(labels)
-            pod_key = f"{ld.get('namespace', '?')}/{ld.get('pod', ld.get('Hostname', '?'))}"
+            pod_key = _workload_pod(dict(labels))
             by_pod.setdefault(pod_key, {})
             prev = by_pod[pod_key].get(key)
             # several GPUs per pod: average them
@@ -752,4 +849,15 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
                         ttft_s=ttft, e2e_s=e2e, per_token_latency_s=ptl, running_p50=qs["p50"], running_p90=qs["p90"],
                         running_p99=qs["p99"], running_max=qs["max"], running_mean=qs["mean"],
                         dram_active=dcgm["dram_active"], sm_active=dcgm["sm_active"],
-                        tensor_active=dcgm["tensor_active"], gpu_util=dcgm["gpu_util"], by_pod=by_pod, notes=notes)
+                        tensor_active=dcgm["tensor_active"], gpu_util=dcgm["gpu_util"],
+                        gr_engine_active=dcgm["gr_engine_active"], sm_occupancy=dcgm["sm_occupancy"],
+                        by_pod=by_pod, notes=notes)
+
+
+def _workload_pod(labels: Mapping[str, str]) -> str:
+    """``namespace/pod`` of the workload a GPU series belongs to: ``exported_*`` first (with
+    honorLabels: false, ``namespace``/``pod`` are the exporter's own), else dcgm-exporter's labels,
+    else the host."""
+    if labels.get("exported_pod"):
+        return f"{labels.get('exported_namespace', '?')}/{labels['exported_pod']}"
+    return f"{labels.get('namespace', '?')}/{labels.get('pod', labels.get('Hostname', '?'))}"

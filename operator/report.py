@@ -9,6 +9,15 @@ Plots (control vs canary, against batch size, with axes, units, legend and 95% e
 
 The HTML embeds both PNGs (base64), the per-batch table, the crossover and the decision with its
 reason, so it is one self-contained file.
+
+Acceptance, per batch size, on the canary, three ways: the acceptance rate (accepted / draft
+tokens), the **mean acceptance length** (``1 + accepted / drafts``: tokens per verification step,
+bonus token included -- what vLLM's and SGLang's logs call acceptance length) and the
+**per-position acceptance** (share of drafts whose k-th token was accepted, from
+``vllm:spec_decode_num_accepted_tokens_per_pos_total{position}``). A row that carries
+``meanAcceptanceLength`` / ``acceptanceByPosition`` keeps them; otherwise they are derived from the
+canary engine's own ``/metrics`` deltas over the measured rounds (``server``: sample name -> delta;
+the per-position counter under ``position_key(name, k)``).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 COLORS = {"control": "#1f77b4", "canary": "#d62728"}
 
@@ -36,6 +45,38 @@ def _interval_words(iv: list[float] | None) -> str:
     if not iv:
         return "-"
     return f"[{100 * iv[0]:+.1f}%, {100 * iv[1]:+.1f}%]"
+
+
+def position_key(metric: str, position: int) -> str:
+    """The key of one position of the per-position counter in a ``/metrics`` delta dict."""
+    return f'{metric}{{position="{position}"}}'
+
+
+def acceptance_detail(server: Mapping[str, float], m: Any) -> dict[str, Any]:
+    """Mean acceptance length and per-position acceptance from an engine's ``/metrics`` deltas
+    (``m``: the engine's ``MetricNames``); ``None`` where not measured (no drafts: never 0)."""
+    out: dict[str, Any] = {"meanAcceptanceLength": None, "acceptanceByPosition": None}
+    drafts = server.get(m.drafts) if getattr(m, "drafts", None) else None
+    if not drafts or drafts <= 0:
+        return out
+    if m.accepted_tokens and m.accepted_tokens in server:
+        out["meanAcceptanceLength"] = 1.0 + server[m.accepted_tokens] / drafts
+    elif not m.accepted_tokens and server.get(m.generation_tokens):
+        # SGLang: verify calls and generated tokens, both counted when a request finishes
+        out["meanAcceptanceLength"] = server[m.generation_tokens] / drafts
+    name = getattr(m, "accepted_per_position", None)
+    if name:
+        by_pos = []
+        while position_key(name, len(by_pos)) in server:
+            by_pos.append(server[position_key(name, len(by_pos))] / drafts)
+        out["acceptanceByPosition"] = by_pos or None
+    return out
+
+
+def _positions_words(xs: list[float] | None) -> str:
+    if not xs:
+        return "-"
+    return " / ".join(f"{x:.2f}" for x in xs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +156,8 @@ def _html(data: dict, pngs: dict[str, bytes]) -> str:
                 _fmt(r["tpotChange"], 1, pct=True), _interval_words(r["tpotInterval"]),
                 _fmt(r["controlTokensPerSecond"]), _fmt(r["canaryTokensPerSecond"]),
                 _fmt(r["throughputChange"], 1, pct=True), _interval_words(r["throughputInterval"]),
-                _fmt(r["acceptanceRate"], 2), r["verdict"], f'{r["rounds"]} ({r["stopped"]})',
+                _fmt(r["acceptanceRate"], 2), _fmt(r.get("meanAcceptanceLength"), 2),
+                _positions_words(r.get("acceptanceByPosition")), r["verdict"], f'{r["rounds"]} ({r["stopped"]})',
                 f'{r["control"]["perTokenSamples"]}/{r["canary"]["perTokenSamples"]}',
             )) + "</tr>")
     imgs = "".join(
@@ -157,7 +199,8 @@ at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidenc
 {regime}
 <h2>Per batch size</h2>
 <table><tr><th>batch</th><th>control ms/token</th><th>canary ms/token</th><th>change</th><th>interval</th>
-<th>control tok/s</th><th>canary tok/s</th><th>change</th><th>interval</th><th>acceptance</th><th>verdict</th>
+<th>control tok/s</th><th>canary tok/s</th><th>change</th><th>interval</th><th>acceptance rate</th>
+<th>mean acceptance length (tokens/step)</th><th>acceptance by draft position</th><th>verdict</th>
 <th>rounds (stop)</th><th>latency samples</th></tr>
 {''.join(rows)}</table>
 {('<p>Not measured (the decision was settled before them): batch sizes ' + html.escape(', '.join(map(str, data['notMeasured']))) + '.</p>') if data.get('notMeasured') else ''}
@@ -167,6 +210,9 @@ at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidenc
 <ul><li>Per-token latency: {html.escape(data['method']['latencySamples'])}.</li>
 <li>Throughput: {html.escape(data['method']['throughputSamples'])}.</li>
 <li>Statistics: {html.escape(data['method']['statistics'])}; a batch size stops as soon as its verdict is settled.</li>
+<li>Acceptance (canary, from the engine's own counters over the measured rounds): rate = accepted / draft tokens;
+mean acceptance length = 1 + accepted tokens / drafts (tokens per verification step, bonus token included);
+by draft position = drafts whose k-th token was accepted / drafts (position 0 first).</li>
 <li>Control and canary received the same prompts in the same order, in alternating rounds.</li></ul>
 <p>Wall time {data['wallSeconds']:.0f} s (engine start {data['engineStartSeconds']:.0f} s). Raw numbers: report.json.</p>
 </body></html>
@@ -178,6 +224,15 @@ def write_report(result, out: Path) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_dict()
+    m = getattr(result, "metric_names", None)
+    for row, b in zip(data["batches"], getattr(result, "batches", [])):
+        derived = acceptance_detail(getattr(b.canary, "server", {}) or {}, m) if m is not None else {}
+        for k, v in derived.items():
+            if row.get(k) is None:
+                row[k] = v
+    for row in data["batches"]:
+        row.setdefault("meanAcceptanceLength", None)
+        row.setdefault("acceptanceByPosition", None)
     rows = [dict(r, _crossover=data.get("crossoverBatchSize")) for r in data["batches"]]
     suffix = f" ({data['model']})" if data["backend"] == "model" else " (simulated engine)"
     files = {
@@ -203,7 +258,7 @@ def print_summary(data: dict, console) -> None:
 
     t = Table(title=f"lookahead analysis: {data['model']} ({data['backend']}), lookahead {json.dumps(data['lookahead'])}")
     for col in ("batch", "control ms/tok", "canary ms/tok", "change [interval]", "control tok/s", "canary tok/s",
-                "change [interval]", "accept", "verdict", "n (lat)"):
+                "change [interval]", "accept", "accept len", "verdict", "n (lat)"):
         t.add_column(col, justify="right")
     style = {"Wins": "green", "Regresses": "red", "NoGain": "yellow", "Pending": "dim"}
     for r in data["batches"]:
@@ -212,7 +267,8 @@ def print_summary(data: dict, console) -> None:
             f"{_fmt(r['tpotChange'], 1, pct=True)} {_interval_words(r['tpotInterval'])}",
             _fmt(r["controlTokensPerSecond"]), _fmt(r["canaryTokensPerSecond"]),
             f"{_fmt(r['throughputChange'], 1, pct=True)} {_interval_words(r['throughputInterval'])}",
-            _fmt(r["acceptanceRate"], 2), f"[{style.get(r['verdict'], '')}]{r['verdict']}",
+            _fmt(r["acceptanceRate"], 2), _fmt(r.get("meanAcceptanceLength"), 2),
+            f"[{style.get(r['verdict'], '')}]{r['verdict']}",
             f"{r['control']['perTokenSamples']}/{r['canary']['perTokenSamples']}",
         )
     console.print(t)

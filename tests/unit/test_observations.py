@@ -238,14 +238,16 @@ def test_fleet_signals_with_and_without_dcgm():
     f = obs.fleet_signals(store, V, SEL, 100.0, 120.0, now=200.0)
     assert f.prefill_time_s.value == pytest.approx(0.1) and f.decode_time_s.value == pytest.approx(2.0)
     assert f.running_max.value == 4.0
-    assert f.sm_active.state is State.MISSING and "default collector set" in f.sm_active.reason
+    assert f.sm_active.state is State.MISSING and "commented out in both counter CSVs" in f.sm_active.reason
+    assert f.gr_engine_active.state is State.MISSING and "on by default" in f.gr_engine_active.reason
     sig = f.preflight_signals()
     assert sig["prefill_seconds"] == pytest.approx(0.1) and sig["sm_active"] is None
     assert sig["running_batch_quantiles"][0.5] == pytest.approx(4.0)
 
     # DCGM series by namespace/pod
     for name, val in (("DCGM_FI_PROF_DRAM_ACTIVE", 0.8), ("DCGM_FI_PROF_SM_ACTIVE", 0.2),
-                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.1), ("DCGM_FI_DEV_GPU_UTIL", 97.0)):
+                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.1), ("DCGM_FI_DEV_GPU_UTIL", 97.0),
+                      ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.95), ("DCGM_FI_PROF_SM_OCCUPANCY", 0.3)):
         store.series.append((name, {"namespace": "inference", "pod": "chat-1", "gpu": "0"},
                              [(t, val) for t in scrape_times(90, 130)]))
         store.series.append((name, {"namespace": "other", "pod": "x", "gpu": "0"},
@@ -253,7 +255,10 @@ def test_fleet_signals_with_and_without_dcgm():
     f = obs.fleet_signals(store, V, SEL, 100.0, 120.0, namespace="inference", pods=["chat-1"], now=200.0)
     assert f.dram_active.value == pytest.approx(0.8) and f.sm_active.value == pytest.approx(0.2)
     assert f.gpu_util.value == pytest.approx(97.0)
+    assert f.gr_engine_active.value == pytest.approx(0.95) and f.sm_occupancy.value == pytest.approx(0.3)
     assert f.by_pod["inference/chat-1"]["tensor_active"].value == pytest.approx(0.1)
+    assert set(f.by_pod) == {"inference/chat-1"}
+    assert f.preflight_signals()["gr_engine_active"] == pytest.approx(0.95)
     assert any("kernel residency" in n for n in f.notes)
 
     from lookahead_operator.preflight import preflight
@@ -265,3 +270,100 @@ def test_measured_str_and_dict():
     assert str(Measured.of(0.5, 3, "s")) == "0.5 s"
     assert "missing" in str(Measured.missing("x"))
     assert Measured.sparse(1.0, "few", 1).to_dict()["state"] == "sparse"
+
+
+def test_fleet_signals_match_dcgm_series_scraped_with_honor_labels_false():
+    """dcgm-exporter's Helm chart scrapes with honorLabels: false: the workload's namespace and pod
+    arrive as exported_namespace / exported_pod, while namespace / pod name the exporter itself."""
+    store = SeriesStore()
+    exporter = {"namespace": "gpu-operator", "pod": "dcgm-exporter-x7k2p", "gpu": "0"}
+    for name, val in (("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.9), ("DCGM_FI_PROF_DRAM_ACTIVE", 0.72),
+                      ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.05)):
+        store.series.append((name, {**exporter, "exported_namespace": "inference", "exported_pod": "chat-1"},
+                             [(t, val) for t in scrape_times(90, 130)]))
+        # another workload's GPU on the same exporter: not ours
+        store.series.append((name, {**exporter, "gpu": "1", "exported_namespace": "inference",
+                                    "exported_pod": "batch-9"}, [(t, 0.0) for t in scrape_times(90, 130)]))
+        # a GPU series labelled the honorLabels: true way, in the same fleet
+        store.series.append((name, {"namespace": "inference", "pod": "chat-2", "gpu": "0"},
+                             [(t, val / 2) for t in scrape_times(90, 130)]))
+    f = obs.fleet_signals(store, V, SEL, 100.0, 120.0, namespace="inference", pods=["chat-1", "chat-2"],
+                          now=200.0)
+    assert set(f.by_pod) == {"inference/chat-1", "inference/chat-2"}
+    assert f.by_pod["inference/chat-1"]["dram_active"].value == pytest.approx(0.72)
+    assert f.dram_active.value == pytest.approx((0.72 + 0.36) / 2)
+    assert f.gr_engine_active.value == pytest.approx((0.9 + 0.45) / 2)
+    assert f.sm_active.state is State.MISSING and f.sm_occupancy.state is State.MISSING
+    from lookahead_operator.preflight import PreflightVerdict, preflight
+    p = preflight(f.preflight_signals())
+    assert p.verdict is PreflightVerdict.DECODE_BOUND_IDLE_COMPUTE
+
+
+def per_pos_series(store, drafts_per_s=2.0, accepted=(1.6, 1.0, 0.4), start=100.0, end=120.0, pod="a"):
+    """A vLLM-shaped speculating engine: per second, ``drafts_per_s`` drafts and ``accepted[k]``
+    drafts with position k accepted."""
+    d, a, per = [], [], {k: [] for k in range(len(accepted))}
+    for t in scrape_times(start - 10, end + 10):
+        dt = min(max(t - start, 0.0), end - start)
+        d.append((t, 50 + drafts_per_s * dt))
+        a.append((t, 30 + sum(accepted) * dt))
+        for k, x in enumerate(accepted):
+            per[k].append((t, 10 + x * dt))
+    store.add(V.drafts, d, pod=pod)
+    store.add(V.accepted_tokens, a, pod=pod)
+    for k, pts in per.items():
+        store.add(V.accepted_per_position, pts, pod=pod, position=str(k))
+
+
+def test_mean_acceptance_length_and_per_position_are_exact_window_increases():
+    store = SeriesStore()
+    engine_series(store, spec=False)
+    per_pos_series(store)
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert o.drafts.value == pytest.approx(40.0)
+    # 1 + accepted / drafts = 1 + 3.0 / 2.0
+    assert o.mean_acceptance_length.ok and o.mean_acceptance_length.value == pytest.approx(2.5)
+    assert [m.value for m in o.acceptance_by_position] == pytest.approx([0.8, 0.5, 0.2])
+    assert o.acceptance_by_position_reason == ""
+    d = o.to_dict()
+    assert d["mean_acceptance_length"]["value"] == pytest.approx(2.5)
+    assert [x["value"] for x in d["acceptance_by_position"]] == pytest.approx([0.8, 0.5, 0.2])
+    # two pods: counters add up per position
+    per_pos_series(store, pod="b", accepted=(2.0, 2.0, 2.0))
+    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    assert [m.value for m in o.acceptance_by_position] == pytest.approx([0.9, 0.75, 0.6])
+    assert o.mean_acceptance_length.value == pytest.approx(1 + (3.0 + 6.0) / 4.0)
+
+
+def test_acceptance_detail_missing_never_zero():
+    store = SeriesStore()
+    engine_series(store, spec=False)
+    per_pos_series(store)
+    o = obs.observe(store, V, SEL, 123.0, 128.0, now=300.0)   # counters flat: no drafts
+    assert o.mean_acceptance_length.state is State.MISSING and o.mean_acceptance_length.value is None
+    assert "no drafts" in o.mean_acceptance_length.reason
+    assert o.acceptance_by_position == [] and "no drafts" in o.acceptance_by_position_reason
+    # not scraped past the end yet
+    store.series = [(n, l, [p for p in pts if p[0] <= 119.0]) for n, l, pts in store.series]
+    o = obs.observe(store, V, SEL, 100.0, 119.5, now=119.6)
+    assert o.mean_acceptance_length.state is State.MISSING and "not scraped" in o.mean_acceptance_length.reason
+    # the reference engine's names before engines.py declares its per-position counter
+    import dataclasses
+    o = obs.observe(store, dataclasses.replace(V, accepted_per_position=None), SEL, 100.0, 120.0, now=200.0)
+    assert "exports no per-position" in o.acceptance_by_position_reason
+
+
+def test_sglang_mean_acceptance_length_from_verify_calls():
+    store = SeriesStore()
+    S = metric_names("sglang")
+    store.add(S.generation_tokens, [(t, 12.0 * t) for t in scrape_times(90, 130)])
+    store.add(S.drafts, [(t, 4.0 * t) for t in scrape_times(90, 130)])
+    store.add(S.acceptance_length_gauge, [(t, 9.0) for t in scrape_times(90, 130)])
+    o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
+    assert o.mean_acceptance_length.value == pytest.approx(3.0)     # the counters, not the gauge
+    assert "verify" in o.mean_acceptance_length.reason
+    assert "exports no per-position" in o.acceptance_by_position_reason
+    # an SGLang older than 0.5.13 (no verify-call counter): the gauge, labelled as one
+    store.series = [x for x in store.series if x[0] != S.drafts]
+    o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
+    assert o.mean_acceptance_length.value == pytest.approx(9.0) and "gauge" in o.mean_acceptance_length.reason

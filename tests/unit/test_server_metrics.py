@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from lookahead_canary.metrics import (
@@ -123,3 +125,35 @@ def test_load_gauges_and_kv_stand_in():
     assert value(m, "vllm:num_requests_running") == 3
     assert value(m, "vllm:num_requests_waiting") == 2
     assert value(m, "vllm:kv_cache_usage_perc") == 0.75
+
+
+def test_accepted_per_position_follows_vllm():
+    """vLLM's SpecDecodingStats.observe_draft: a draft with a tokens accepted adds one at positions
+    0..a-1; the positions a configuration can accept exist (at 0) from the start."""
+    m = EngineMetrics("m", info={"method": "jacobi", "window": "4", "ngram": "4", "guess_set": "2"})
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [value(m, name, position=str(k)) for k in range(3)] == [0, 0, 0]   # ngram 4: 3 positions
+    with pytest.raises(KeyError):
+        value(m, name, position="3")
+    m.observe_spec(6, 2)
+    m.observe_spec(6, 0)
+    m.observe_spec(6, 3)
+    m.observe_spec(0, 0)          # a plain step: not a draft
+    assert [value(m, name, position=str(k)) for k in range(3)] == [2, 2, 1]
+    # sum over positions = accepted tokens; per position / drafts = per-position acceptance
+    assert sum(value(m, name, position=str(k)) for k in range(3)) == value(
+        m, "vllm:spec_decode_num_accepted_tokens_total")
+    assert value(m, "vllm:spec_decode_num_drafts_total") == 3
+    # a longer accepted draft than the configuration suggests (prompt-lookup seeding) adds positions
+    m.observe_spec(24, 5)
+    assert value(m, name, position="4") == 1 and value(m, name, position="0") == 3
+
+
+def test_per_position_count_from_the_engine_config():
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    ngram = EngineMetrics("m", info={"method": "ngram", "num_speculative_tokens": "5"})
+    assert value(ngram, name, position="4") == 0
+    greedy = EngineMetrics("m", info={"method": "greedy"})
+    assert value(greedy, name, position="0") == 0    # the family is there, as the other spec counters are
+    with pytest.raises(KeyError):
+        value(greedy, name, position="1")
