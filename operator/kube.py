@@ -227,3 +227,9 @@ class Kube:
 
 def dumps_compact(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def api_message(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,181 @@
+"""The actions a plan asks for: one small idempotent function each (``ACTIONS``), reading through
+a ``cache.CachedView`` (or the API client) and writing through the API; and Events, posted off the
+critical path."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from kubernetes.client.rest import ApiException
+
+from . import builders as b
+from . import cache, engines, fleet, loadjobs, measure
+from . import statemachine as sm
+from .kube import Kube, api_message
+from .models import LookaheadPolicySpec
+from .statemachine import ActionKind
+
+log = logging.getLogger("lookahead_operator")
+
+
+@dataclass
+class Ctx:
+    k: Kube
+    body: dict                        # the policy object
+    spec: LookaheadPolicySpec | None
+    world: sm.Observed
+
+    @property
+    def me(self) -> str:
+        return self.world.key
+
+
+def _claim(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.fresh_deployment(ns, name)  # the template saved must be the latest
+        if d is not None:
+            c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
+
+
+def _release(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
+        ann = (d or {}).get("metadata", {}).get("annotations") or {}
+        # Never drop the saved template of a Deployment that is still promoted.
+        if d is not None and ann.get(b.ANNOTATION_OWNER) == c.me and not ann.get(b.ANNOTATION_PROMOTED):
+            c.k.patch_deployment(ns, name, b.release_patch())
+
+
+def _disown(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.get_deployment(ns, name)
+        if d is not None and (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) == c.me:
+            c.k.patch_deployment(ns, name, {"metadata": {"annotations": {b.ANNOTATION_OWNER: None}}})
+
+
+def role_transform(spec: LookaheadPolicySpec, role: str, engine: str):
+    if role == "canary":
+        return lambda container: engines.render_lookahead(container, spec.lookahead, None, engine)
+    return lambda container: engines.render_off(container, engine)
+
+
+def _ensure_roles(c: Ctx, a: sm.Action) -> None:
+    w = c.world
+    roles = {r for r, present in w.roles_present.items() if present}
+    if all(r in roles for r in b.ROLES):
+        return
+    source = fleet.reference_target(w.targets)
+    d = c.k.get_deployment(*source.key)
+    if d is None:
+        raise ValueError(f"target {source.namespace}/{source.name} disappeared")
+    engine = source.engine or "reference"
+    for role in b.ROLES:
+        if role in roles:
+            continue
+        obj = b.build_role_deployment(d, c.body, role, c.spec.canary.replicas, role_transform(c.spec, role, engine),
+                                      engines.is_engine_container)
+        if c.k.create_if_absent(obj):
+            post_event(c.k, c.body, "Normal", "Launched",
+                   f"created {role} {obj['metadata']['namespace']}/{obj['metadata']['name']}")
+    if c.k.has_pod_monitor_crd():
+        c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace))
+
+
+def _ensure_load(c: Ctx, a: sm.Action) -> None:
+    w = c.world
+    source = fleet.reference_target(w.targets)
+    pods = {role: c.k.role_pods(source.namespace, w.namespace, w.name, role) for role in b.ROLES}
+    for job in loadjobs.step_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods):
+        c.k.create_if_absent(job)
+
+
+def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
+    w = c.world
+    newest = fleet.newest_promoted(w.targets)
+    d = c.k.get_deployment(*newest.key) if newest else None
+    if d is None:
+        return
+    source = fleet.reference_target(w.targets)
+    control = c.k.role_pods(source.namespace, w.namespace, w.name, "control")
+    fleet_pods = c.k.pods(newest.namespace, d["spec"]["selector"])
+    for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, fleet_pods, control):
+        c.k.create_if_absent(job)
+
+
+def _delete_load(c: Ctx, a: sm.Action) -> None:
+    c.k.delete_load_jobs(c.world.namespace, c.world.name)
+
+
+def _delete_roles(c: Ctx, a: sm.Action) -> None:
+    c.k.delete_role_deployments(c.world.namespace, c.world.name)
+
+
+def _promote(c: Ctx, a: sm.Action) -> None:
+    regime = measure.promotion_regime(c.world.status)
+    for ns, name in a.targets:
+        d = c.k.fresh_deployment(ns, name)
+        if d is None:
+            continue
+        if b.original_template(d) is None:  # claimed before, but be safe: save first
+            c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
+            d = c.k.fresh_deployment(ns, name)
+        engine = fleet.target_of(d, c.spec.engine).engine or "reference"
+        patch = b.promote_patch(d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
+                                engines.is_engine_container, a.decision_id)
+        c.k.patch_deployment(ns, name, patch)
+        post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
+
+
+def _restore(c: Ctx, a: sm.Action) -> None:
+    for ns, name in a.targets:
+        d = c.k.fresh_deployment(ns, name)
+        if d is not None and b.original_template(d) is not None:
+            c.k.replace_deployment(b.restore_body(d))
+            post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
+
+
+ACTIONS = {
+    ActionKind.CLAIM: _claim,
+    ActionKind.RELEASE: _release,
+    ActionKind.DISOWN: _disown,
+    ActionKind.ENSURE_ROLES: _ensure_roles,
+    ActionKind.DELETE_ROLES: _delete_roles,
+    ActionKind.ENSURE_LOAD: _ensure_load,
+    ActionKind.ENSURE_GUARD_LOAD: _ensure_guard_load,
+    ActionKind.DELETE_LOAD: _delete_load,
+    ActionKind.PROMOTE: _promote,
+    ActionKind.RESTORE: _restore,
+}
+assert set(ACTIONS) == set(ActionKind)
+
+
+_events: "queue.Queue[tuple]" = queue.Queue(maxsize=10_000)
+_poster: threading.Thread | None = None
+
+
+def _post_events() -> None:
+    while True:
+        k, body, type_, reason, message = _events.get()
+        try:
+            k.event(body, type_, reason, message)
+        except (ApiException, OSError) as exc:  # an event is worth a log line, never a failed pass
+            log.warning("could not post event %s: %s", reason, api_message(exc))
+
+
+def post_event(k: Kube, body: dict, type_: str, reason: str, message: str) -> None:
+    """Post an Event off the critical path (a background thread posts them in order)."""
+    global _poster
+    if _poster is None or not _poster.is_alive():
+        for i in range(4):  # a few in parallel: hundreds of policies starting at once post hundreds of events
+            _poster = threading.Thread(target=_post_events, name=f"events-{i}", daemon=True)
+            _poster.start()
+    meta = body["metadata"]
+    ref = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+           "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")}}
+    try:
+        _events.put_nowait((k.k if isinstance(k, cache.CachedView) else k, ref, type_, reason, message))
+    except queue.Full:
+        log.warning("event queue full: dropped %s %s", reason, message[:200])

@@ -1,0 +1,106 @@
+"""What the state machine sees: one policy's world (``statemachine.Observed``), read through a
+``cache.CachedView`` (or the API client itself) and measured as ``statemachine.NEEDS`` says."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from . import builders as b
+from . import cache, engines, fleet, measure
+from . import statemachine as sm
+from .actions import role_transform
+from .api import ANNOTATION_ABORT, ANNOTATION_APPROVE
+from .kube import Kube
+from .models import MAX_POLICY_NAME, LookaheadPolicySpec, LookaheadPolicyStatus, Phase
+
+#: statemachine.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
+#: waits on wake it at once, and a pass that finds nothing new reads only the watched caches.
+POLL_S = float(os.environ.get("LOOKAHEAD_POLL_SECONDS", "30"))
+
+
+def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
+            now: datetime) -> sm.Observed:
+    """The world as the state machine sees it, read through ``k`` (a ``cache.CachedView``, or the
+    API client itself)."""
+    meta = body["metadata"]
+    world = sm.Observed(now=now, name=meta["name"], namespace=meta["namespace"],
+                        generation=int(meta.get("generation", 1)), spec=spec, status=status, spec_error=spec_error,
+                        poll_s=POLL_S)
+    if len(meta["name"]) > MAX_POLICY_NAME:
+        return world  # nothing can have been created: our labels could not hold the name
+    if spec is None:
+        world.targets = known_targets(k, status, None)
+        return world
+    annotations = meta.get("annotations") or {}
+    world.approved_decision = annotations.get(ANNOTATION_APPROVE) or None
+    world.fingerprint = spec.fingerprint()
+    world.abort_requested = annotations.get(ANNOTATION_ABORT, "").lower() in ("true", "1", "yes")
+
+    namespaces = k.target_namespaces(meta["namespace"], spec.targets.namespace_selector, spec.targets.namespaces)
+    found = [fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector)]
+    keys = {t.key for t in found}
+    # Targets we touched that no longer match the selector are still ours to put back.
+    world.targets = found + [t for t in known_targets(k, status, spec.engine) if t.key not in keys]
+    roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
+    world.roles_present = {r: r in roles or cache.recently_created(
+        "Deployment", _role_namespace(world, roles), b.role_deployment_name(meta["name"], r)) for r in b.ROLES}
+    world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
+    world.support_problems = _support_problems(k, spec, world.targets, status.phase)
+
+    if status.progress.fingerprint not in (None, world.fingerprint):
+        return world  # the spec changed: the state machine restarts; measure nothing old
+    need = sm.NEEDS.get(status.phase)
+    policy = (meta["namespace"], meta["name"])
+    try:
+        if need is sm.Need.PREFLIGHT:
+            world.preflight = measure.preflight(spec, world.targets)
+        elif need is sm.Need.STEP:
+            world.step = measure.step(spec, policy, status, now)
+        elif need is sm.Need.DECISION:
+            source = fleet.reference_target(world.targets) if world.targets else None
+            top = fleet.engine_max_batch(k.get_deployment(*source.key), source.engine) if source else None
+            world.decision = measure.decision(spec, status, max_batch_size=top)
+        elif need is sm.Need.GUARD:
+            world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy))
+    except measure.READ_ERRORS as exc:
+        world.read_errors.append(sm.ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
+                                                            f"{type(exc).__name__}: {exc}"[:500]))
+    return world
+
+
+def _role_namespace(world: sm.Observed, roles: dict) -> str:
+    """Where the canary and control live: beside the first target (``fleet.reference_target``)."""
+    if roles:
+        return next(iter(roles.values()))["metadata"]["namespace"]
+    return fleet.reference_target(world.targets).namespace if world.targets else world.namespace
+
+
+def _support_problems(k: Kube, spec: LookaheadPolicySpec, targets: list[sm.Target], phase: Phase) -> list[str]:
+    check = getattr(engines, "support_problems", None)
+    if check is None or phase not in (Phase.Pending, Phase.Preflight) or not targets:
+        return []
+    source = fleet.reference_target(targets)
+    d = k.get_deployment(*source.key)
+    if d is None:
+        return []
+    template = d["spec"]["template"]
+    engine = source.engine or "reference"
+    problems = list(check(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware"))
+    if not problems:  # what the adapters cannot render is refused now, not at the first patch
+        container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
+        for role in b.ROLES:
+            try:
+                role_transform(spec, role, engine)(container)
+            except engines.EngineError as exc:
+                problems.append(f"{role}: {exc}")
+    return problems
+
+
+def known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Target]:
+    out = []
+    for row in status.targets or []:
+        d = k.get_deployment(row.namespace, row.name)
+        if d is not None:
+            out.append(fleet.target_of(d, engine or row.engine))
+    return out
