@@ -99,6 +99,11 @@ print("@@RESULT@@" + json.dumps(out, default=str))
 def run_harness(harness: str, cases: list[list[str]]) -> dict:
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
+    # lookahead_canary sets HF_HUB_OFFLINE=1 in this process when imported (it never downloads);
+    # under it vLLM's EngineArgs resolve a hub id to a local snapshot and fail for the example ids.
+    # The parsers themselves read nothing from the hub (checked: without it they make no request).
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(key, None)
     res = subprocess.run([str(VPY), "-c", harness], input=json.dumps(cases), capture_output=True, text=True,
                          timeout=600, env=env, cwd="/")
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("@@RESULT@@")), None)
