@@ -31,7 +31,7 @@ crds:
 	$(PY) -m lookahead_dev.crdgen
 
 test: deps
-	LOOKAHEAD_NODE_TESTS=1 $(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra
 
 test-unit: deps-python
 	$(PY) -m pytest -q tests/unit
