@@ -344,6 +344,15 @@ class _Comparison:
         return cls(metric, Direction.HIGHER_IS_BETTER, thresholds.max_throughput_regression,
                    thresholds.confidence, thresholds.min_samples)
 
+    def add(self, role: str, samples: Any) -> None:  # pragma: no cover - each subclass defines it
+        raise NotImplementedError
+
+    def add_control(self, samples: Iterable[Any] | Any) -> None:
+        self.add("control", samples)
+
+    def add_canary(self, samples: Iterable[Any] | Any) -> None:
+        self.add("canary", samples)
+
 
 class SequentialComparison(_Comparison):
     """Feed samples per arm as they arrive; ask `result()` at any time.
@@ -411,12 +420,6 @@ class SequentialComparison(_Comparison):
             arm.n, arm.mean, arm.m2, arm.rejected = int(a["n"]), float(a["mean"]), float(a["m2"]), int(a["rejected"])
             arm.zeros = int(a.get("zeros", 0))
         return c
-
-    def add_control(self, samples: Iterable[float] | float) -> None:
-        self.add("control", samples)
-
-    def add_canary(self, samples: Iterable[float] | float) -> None:
-        self.add("canary", samples)
 
     @property
     def n(self) -> tuple[int, int]:
@@ -647,12 +650,6 @@ class PairedComparison(_Comparison):
         for i in range(m):
             self._pair(c[i], k[i])
         del c[:m], k[:m]
-
-    def add_control(self, samples: Iterable[Any] | Any) -> None:
-        self.add("control", samples)
-
-    def add_canary(self, samples: Iterable[Any] | Any) -> None:
-        self.add("canary", samples)
 
     # -- state ----------------------------------------------------------------------------
     @property

@@ -19,7 +19,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from lookahead_operator import plugin
-from lookahead_dev.devcluster import free_port, wait_for
+from lookahead_dev.devcluster import free_port
+
+from .test_crd import install_crd
 
 pytestmark = pytest.mark.integration
 
@@ -30,21 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def crd(kube_api):
-    """The LookaheadPolicy CRD, installed and established (as tests/e2e/conftest.py does)."""
-    ext = client.ApiextensionsV1Api(kube_api)
-    body = yaml.safe_load((REPO / "crds" / "lookaheadpolicies.yaml").read_text())
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-    def established():
-        got = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
-
-    wait_for(established, timeout=30, what="CRD established")
-    return body
+    """The LookaheadPolicy CRD, installed and established."""
+    return install_crd(kube_api)
 
 
 @pytest.fixture(scope="module")
