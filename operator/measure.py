@@ -7,12 +7,17 @@ independent samples; overlapping windows would make intervals too narrow):
 - per-token latency: the per-token-latency histogram's _sum / _count increase in the interval
   (request_time_per_output_token for vLLM, our per-token ITL for the reference engine; never
   vLLM's per-chunk ITL);
-- throughput: the generated-tokens counter's increase in the interval / its length.
+- throughput: the generated-tokens counter's increase in the interval / its length;
+- tail per-token latency (p95, p99): the per-token-latency histogram's ``_bucket{le}`` increases over
+  the whole step (after the warm-up), per role -- the same histogram as the means, read at bucket
+  resolution -- compared by ``statistics.compare_tail_latency`` (a veto on the step's verdict).
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -27,14 +32,16 @@ from .models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec,
 from .preflight import DCGM_SIGNALS
 from .preflight import preflight as run_preflight
 from .preflight import production_batch_sizes
-from .statistics import PairedComparison, SequentialComparison, Thresholds
+from .statistics import (DEFAULT_METRICS_PER_BATCH, PairedComparison, SequentialComparison, TailComparison,
+                         Thresholds, compare_tail_latency)
 
 
 def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
     a = spec.analysis
     return Thresholds(min_latency_improvement=a.min_latency_improvement,
                       max_throughput_regression=a.max_throughput_regression,
-                      confidence=a.confidence, min_samples=spec.load.min_samples_per_step)
+                      confidence=a.confidence, min_samples=spec.load.min_samples_per_step,
+                      max_tail_latency_regression=a.max_tail_latency_regression)
 
 
 # --- Prometheus ----------------------------------------------------------------------------------
@@ -87,6 +94,74 @@ def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], s
            # a vector only when every position has a value (positions share one denominator)
            "acceptanceByPosition": [m.value for m in by_pos][:64] if by_pos and all(m.ok for m in by_pos) else None}
     return out
+
+
+def _le(value: str) -> float:
+    return math.inf if value.strip().lower() in ("+inf", "inf") else float(value)
+
+
+def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime, end: datetime,
+                     now: float | None = None) -> dict[float, float] | None:
+    """The cumulative bucket counts of histogram ``metric`` (base name) over [start, end], summed
+    over the pods ``labels`` select: ``{le: increase of metric_bucket{le}}``, ``+Inf`` included --
+    what ``statistics.compare_tail_latency`` takes. Exact reset-aware increases from the raw samples,
+    as ``observations`` reads every counter (no PromQL ``increase()`` extrapolation); the
+    ``histogram_quantile`` of these counts is what Prometheus' own function gives for the step.
+    None when the histogram has no bucket series or is not scraped past ``end`` yet."""
+    t0, t1 = start.timestamp(), end.timestamp()
+    if t1 <= t0:
+        return None
+    now = time.time() if now is None else now
+    lookback = observations.DEFAULT_LOOKBACK_S
+    until = max(t1, min(now, t1 + lookback))
+    series = observations.raw_samples(prom, f"{metric}_bucket", observations.selector(labels), t0 - lookback, until)
+    by_le: dict[float, dict[tuple, Any]] = defaultdict(dict)
+    for key, pts in series.items():
+        le = dict(key).get("le")
+        if le is not None:
+            by_le[_le(le)][key] = pts
+    if not by_le or math.inf not in by_le:
+        return None
+    out = {}
+    for le, group in sorted(by_le.items()):
+        d = observations._delta(group, t0, t1)
+        if d.unscraped:
+            return None
+        out[le] = d.value
+    return out
+
+
+#: Engines whose per-token-latency histogram is observed once per generated token (so the
+#: observations of one decode step -- every sequence of the batch, every token accepted in the
+#: step -- share one step time); the others observe it once per finished request.
+PER_TOKEN_OBSERVED = frozenset({"reference", "sglang"})
+
+
+def tail_design_effect(engine: str, batch_size: int, mean_acceptance_length: float | None) -> float:
+    """How many per-token-latency observations move together (``compare_tail_latency``'s
+    ``design_effect``): per-request histograms (vLLM's request_time_per_output_token, TensorRT-LLM)
+    1; per-token ones the observations one decode step records, batch size x tokens per step
+    (the canary's mean acceptance length; the larger arm's, so conservative for both)."""
+    if engine not in PER_TOKEN_OBSERVED:
+        return 1.0
+    return float(max(1, batch_size)) * max(1.0, mean_acceptance_length or 1.0)
+
+
+def tail_comparison(prom, names: engines.MetricNames, labels: dict[str, dict[str, str]], start: datetime,
+                    end: datetime, th: Thresholds, design_effect: float = 1.0) -> TailComparison | None:
+    """p95/p99 per-token latency, canary vs control, over [start, end] from the per-token-latency
+    histogram's buckets (``labels``: per role). None when either arm has no buckets yet (an engine
+    without the histogram, or not scraped): no tail, no veto."""
+    if not names.per_token_latency:
+        return None
+    buckets = {role: bucket_increases(prom, names.per_token_latency, labels[role], start, end) for role in b.ROLES}
+    if any(v is None for v in buckets.values()):
+        return None
+    try:
+        return compare_tail_latency(buckets["control"], buckets["canary"], th.max_tail_latency_regression,
+                                    th.confidence, design_effect=design_effect)
+    except ValueError:  # buckets that are not cumulative (series of one arm scraped apart): no tail this look
+        return None
 
 
 def scraped_until(prom, names: engines.MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
@@ -172,7 +247,9 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     """Canary vs control at one batch size over [start + warmup, end], window by window (both arms
     are driven at once, so window i of each covers the same wall-clock interval: drift shared by
     both cancels). Each test runs at its share of the policy's error budget (``planned`` batch
-    sizes x latency and throughput; ``Thresholds.for_family``)."""
+    sizes x latency, throughput and tail; ``Thresholds.for_family``). The tail (p95/p99 per-token
+    latency from the histogram buckets over the whole step) is a veto: a canary faster on the mean
+    but with a tail beyond ``maxTailLatencyRegression`` Regresses."""
     prom = _prom(spec)
     names = engines.metric_names(engine)
     th = family_thresholds(spec, planned)
@@ -186,11 +263,14 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     lat.add_pairs(samples["control"]["latency"][:n], samples["canary"]["latency"][:n])
     n = min(len(samples["control"]["throughput"]), len(samples["canary"]["throughput"]))
     tp.add_pairs(samples["control"]["throughput"][:n], samples["canary"]["throughput"][:n])
-    return BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"]), samples["canary"]
+    tail = tail_comparison(prom, names, labels, start, end, th,
+                           tail_design_effect(engine, batch_size, samples["canary"]["meanAcceptanceLength"]))
+    return (BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"], tail=tail),
+            samples["canary"])
 
 
-#: Metrics tested per batch size (per-token latency and throughput): the family-wise split.
-METRICS_PER_BATCH = 2
+#: Tests per batch size (per-token latency, throughput, tail latency): the family-wise split.
+METRICS_PER_BATCH = DEFAULT_METRICS_PER_BATCH
 
 
 def family_thresholds(spec: LookaheadPolicySpec, planned: int) -> Thresholds:
@@ -244,6 +324,7 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     out["evidence"] = {"batches": [r.to_dict() for r in rows], "planned": planned, "maxBatchSize": max_batch_size,
                        "thresholds": {"minLatencyImprovement": th.min_latency_improvement,
                                       "maxThroughputRegression": th.max_throughput_regression,
+                                      "maxTailLatencyRegression": th.max_tail_latency_regression,
                                       "confidence": spec.analysis.confidence, "perTestConfidence": th.confidence,
                                       "minSamples": th.min_samples}}
     return Decision.model_validate(out)
@@ -260,9 +341,12 @@ def promotion_regime(status: LookaheadPolicyStatus) -> int | None:
 
 def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
           jobs: list[dict]) -> sm.GuardCheck:
-    """A promoted fleet pod vs the control, both driven by the guard's load Jobs at the largest
-    measured batch size, on output throughput since the current guard Jobs started. A regression
-    beyond the guard's tolerance, with confidence, rolls back."""
+    """A promoted fleet pod vs the control, both driven by the guard's current load Jobs at the batch
+    size the state machine is guarding (``statemachine.guard_batch_sizes``: after a regime-aware
+    promotion one inside the lookahead range, then one above it), on output throughput since those
+    Jobs started. A regression beyond the guard's tolerance, with confidence, rolls back. The
+    confidence is split over the guard's batch sizes (one of them: the policy's)."""
+    legs = sm.guard_batch_sizes(status)
     run = str(status.progress.load_run or 0)
     current = [j for j in jobs if j["metadata"]["labels"].get(b.LABEL_RUN) == run]
     promoted_job = next((j for j in current if j["metadata"]["labels"].get(b.LABEL_DRIVES) == "promoted"), None)
@@ -274,6 +358,8 @@ def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
     if start.tzinfo is None:
         start = start.replace(tzinfo=timezone.utc)
     th = thresholds(spec)
+    if len(legs) > 1:  # one rollback decision over the guard's batch sizes: split its error budget
+        th = th.for_family(len(legs), 1)
     tol = spec.promotion.guard.max_throughput_regression
     tol = tol if tol is not None else th.max_throughput_regression
     prom = _prom(spec)

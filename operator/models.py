@@ -146,6 +146,23 @@ Percent = Annotated[
     PlainSerializer(units.format_percent, return_type=str),
     WithJsonSchema(_percent_schema("A percentage, 0-100: '2%', '2.5%' or the integer 2 (all mean 2 %); fractions only as strings.")),
 ]
+# A rise in percent of the control's value, 0-1000 ("100%" = at most twice the control's); held as
+# the fraction 1.0. Unlike a share it may exceed 100%.
+TAIL_PERCENT_PATTERN = r"^(1000(\.0+)?|[0-9]{1,3}(\.[0-9]+)?)%?$"
+MAX_TAIL_PERCENT = 1000
+
+
+def _rise_schema(description: str) -> dict:
+    return {**_percent_schema(description, 0, MAX_TAIL_PERCENT), "pattern": TAIL_PERCENT_PATTERN}
+
+
+RisePercent = Annotated[
+    float,
+    BeforeValidator(_percent_in(0, MAX_TAIL_PERCENT)),
+    PlainSerializer(units.format_percent, return_type=str),
+    WithJsonSchema(_rise_schema(f"A rise relative to the control, 0-{MAX_TAIL_PERCENT}%: '100%' (at most twice the "
+                                "control's), '50%' or the integer 100; fractions only as strings.")),
+]
 # A wave size: a whole percent of the fleet, "10%" or 10, 1-100; held as the int 10.
 WavePercent = Annotated[
     int,
@@ -604,6 +621,12 @@ class AnalysisSpec(ApiModel):
         default="2%", description="Largest batched-throughput drop tolerated at a batch size where lookahead stays on.")
     min_latency_improvement: Percent = Field(
         default="5%", description="Smallest per-token latency gain worth turning lookahead on for.")
+    max_tail_latency_regression: RisePercent = Field(
+        default="100%",
+        description="Largest rise of the canary's p95 and p99 per-token latency over the control's (from the "
+                    "per-token histogram's buckets) tolerated at a batch size where lookahead stays on; a rise "
+                    "beyond it, with confidence, vetoes that batch size. 100% = at most twice the control's "
+                    "(about one bucket step of vLLM's latency buckets; docs/statistics.md says why).")
     confidence: float = Field(default=0.99, gt=0.5, lt=1.0,
                               description="Confidence of the intervals behind each verdict, in (0.5, 1).")
     deadline: Duration = Field(default="30m", description="Give up (never promote) if undecided by then.")
@@ -900,6 +923,20 @@ class BatchResult(StatusModel):
         default=None, description="Sample windows without a value in either arm, per metric.")
     latency_samples: Optional[int] = Field(default=None, ge=0, description="Paired per-token latency windows.")
     throughput_samples: Optional[int] = Field(default=None, ge=0, description="Paired throughput windows.")
+    tail_verdict: Optional[str] = Field(
+        default=None, max_length=64,
+        description="Tail per-token latency (p95/p99 from the histogram buckets), canary vs control: Worse (a veto: "
+                    "the row Regresses), Equivalent, Better or NotEnoughData (statistics.TailComparison).")
+    tail_threshold: Optional[float] = Field(default=None, ge=0,
+                                            description="analysis.maxTailLatencyRegression, fraction (1.0 = 100%).")
+    control_p95_ms: Optional[float] = Field(default=None, description="Control p95 per-token latency, ms (histogram_quantile).")
+    canary_p95_ms: Optional[float] = Field(default=None, description="Canary p95 per-token latency, ms (histogram_quantile).")
+    control_p99_ms: Optional[float] = Field(default=None, description="Control p99 per-token latency, ms (histogram_quantile).")
+    canary_p99_ms: Optional[float] = Field(default=None, description="Canary p99 per-token latency, ms (histogram_quantile).")
+    tail: Optional[FreeForm] = Field(
+        default=None, description="The whole tail comparison at full precision (statistics.TailComparison.to_dict: "
+                                  "per quantile the point estimates, the certified bucket bounds, the verdict), "
+                                  "so a restarted operator rebuilds the same veto.")
 
 
 class DecisionAction(StrEnum):
@@ -1016,10 +1053,26 @@ class Progress(StatusModel):
     wave: Optional[int] = Field(default=None, ge=0, description="0-based wave in progress.")
     wave_started_at: Optional[Timestamp] = None
     guard_started_at: Optional[Timestamp] = None
+    guard_leg: Optional[int] = Field(
+        default=None, ge=0, description="0-based index into the guard's batch sizes (status.guard.legs) being "
+                                        "driven in the current wave or final guard.")
+    guard_leg_started_at: Optional[Timestamp] = Field(
+        default=None, description="When the guard load at the current batch size started.")
     paused_at: Optional[Timestamp] = Field(default=None, description="When spec.paused was first seen true.")
     load_run: Optional[int] = Field(default=None, ge=0,
                                     description="Bumped whenever load is (re)started; load Job names carry it.")
     read_errors: Optional[int] = Field(default=None, ge=0, description="Consecutive passes Prometheus could not be read.")
+
+
+class GuardLeg(StatusModel):
+    """The guard at one batch size of the wave (or final guard) in progress."""
+
+    batch_size: int = Field(ge=1, description="Concurrent requests driven on the promoted pod and on the control.")
+    lookahead: Optional[bool] = Field(default=None, description="Whether the promoted config has lookahead on at "
+                                                                "this batch size (regime-aware: off above its range).")
+    state: Literal["Pending", "Guarding", "Passed"] = Field(
+        default="Pending", description="Pending (not driven yet), Guarding (being driven now) or Passed.")
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="The latest comparison at this batch size.")
 
 
 class GuardStatus(StatusModel):
@@ -1029,6 +1082,11 @@ class GuardStatus(StatusModel):
     message: str = Field(default="", max_length=MAX_MESSAGE)
     enough_data: bool = False
     regressed: bool = False
+    batch_size: Optional[int] = Field(default=None, ge=1, description="The batch size being driven now.")
+    legs: Optional[list[GuardLeg]] = Field(
+        default=None, max_length=MAX_BATCH_SIZES,
+        description="Every batch size this guard drives, one after the other: after a regime-aware promotion one "
+                    "inside the lookahead range and one above it; otherwise the largest measured.")
 
 
 class RollbackStatus(StatusModel):

@@ -26,7 +26,7 @@ Rules that hold in every phase:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -38,6 +38,7 @@ from .models import (
     ConditionType,
     Decision,
     DecisionAction,
+    GuardLeg,
     GuardStatus,
     LookaheadPolicySpec,
     LookaheadPolicyStatus,
@@ -319,7 +320,8 @@ def _paused(b: _Pass) -> bool:
         return True
     if p.paused_at is not None:
         gap = w.now - p.paused_at
-        for name in ("phase_since", "step_started_at", "measuring_since", "wave_started_at", "guard_started_at"):
+        for name in ("phase_since", "step_started_at", "measuring_since", "wave_started_at", "guard_started_at",
+                     "guard_leg_started_at"):
             if getattr(p, name) is not None:
                 setattr(p, name, getattr(p, name) + gap)
         if b.phase == Phase.Measuring:
@@ -497,6 +499,7 @@ def _deciding(b: _Pass) -> None:
         b.fact(C.Approved, True, "Approved" if approved else "NotRequired", "promotion may go on")
         b.p.wave, b.p.wave_started_at = 0, w.now
         b.p.load_run = (b.p.load_run or 0) + 1
+        _reset_guard_legs(b)
         b.s.current_wave = 1
         b.go(Phase.Promoting, str(action), d.reason)
         b.wait(0)
@@ -544,22 +547,18 @@ def _promoting(b: _Pass) -> None:
         b.fact(C.WaveReady, False, "RollingOut", f"wave {wave + 1}: waiting for the rollout")
         b.wait(b.w.poll_s)
         return
-    if w.guard is not None and w.guard.regressed:
-        _roll_back(b, "GuardRegression", f"wave {wave + 1}: {w.guard.message}")
-        return
-    _guard_load(b, wave)
-    if w.guard is not None:
-        b.s.guard = GuardStatus(wave=wave + 1, message=w.guard.message, enough_data=w.guard.enough_data)
-    if _must_keep_guarding(b, p.wave_started_at, spec.promotion.wave_duration, f"wave {wave + 1}"):
+    if _guard_legs(b, wave, wave + 1, p.wave_started_at, spec.promotion.wave_duration, f"wave {wave + 1}"):
         return
     b.fact(C.WaveReady, True, "Passed", f"wave {wave + 1} rolled out and passed its guard")
     if wave + 1 < len(waves):
         b.act(ActionKind.DELETE_LOAD)
         p.wave, p.wave_started_at, p.load_run = wave + 1, w.now, (p.load_run or 0) + 1
+        _reset_guard_legs(b)
         b.wait(0)
         return
     p.guard_started_at = w.now
     p.load_run = (p.load_run or 0) + 1
+    _reset_guard_legs(b)
     b.act(ActionKind.DELETE_LOAD)
     b.go(Phase.Guarding, "AllWavesPromoted", f"all {len(waves)} waves promoted; guarding for "
          f"{_seconds(spec.promotion.guard.duration):g}s")
@@ -574,14 +573,15 @@ def _mark_promoted(b: _Pass, members: list[tuple[str, str]], wave: int) -> None:
     b.s.targets = rows
 
 
-def _must_keep_guarding(b: _Pass, since: datetime | None, duration: timedelta, what: str) -> bool:
-    """Whether a wave (or the final guard) must keep watching: until its duration has passed AND
-    the comparison has enough data. No data never counts as a pass: without data by the analysis
-    deadline the rollout is rolled back. Returns True when the pass is over (waiting or rolled back)."""
-    w = b.w
-    enough = w.guard is not None and w.guard.enough_data
+def _must_keep_guarding(b: _Pass, check: GuardCheck | None, since: datetime | None, duration: timedelta,
+                        what: str) -> bool:
+    """Whether a wave (or the final guard) must keep watching at one batch size: until its duration
+    has passed AND the comparison has enough data. No data never counts as a pass: without data by
+    the analysis deadline the rollout is rolled back. Returns True when the pass is over (waiting or
+    rolled back)."""
+    enough = check is not None and check.enough_data
     b.fact(C.GuardData, enough, "Enough" if enough else "WaitingForData",
-           w.guard.message if w.guard is not None else f"{what}: no guard comparison yet")
+           check.message if check is not None else f"{what}: no guard comparison yet")
     if b.since(since) < duration:
         if b.phase == Phase.Promoting:
             b.fact(C.WaveReady, True, "Guarding", f"{what} rolled out; guarding it")
@@ -591,27 +591,103 @@ def _must_keep_guarding(b: _Pass, since: datetime | None, duration: timedelta, w
         return False
     if b.since(since) >= b.spec.analysis.deadline:
         _roll_back(b, "GuardNoData", f"{what} had no usable comparison by the analysis deadline "
-                                     f"({w.guard.message if w.guard else 'no guard data'}); not promoting blind")
+                                     f"({check.message if check else 'no guard data'}); not promoting blind")
         return True
     b.wait(b.w.poll_s)
     return True
 
 
-def _guard_load(b: _Pass, wave: int) -> None:
-    """The guard drives a promoted pod and the control at the largest measured batch size, where a
-    throughput regression would show."""
-    b.act(ActionKind.ENSURE_GUARD_LOAD, wave=wave, batch_size=max(b.p.batch_sizes or [1]), run=b.p.load_run or 0)
+def _measured(row: BatchResult) -> bool:
+    s = row.samples
+    return s is not None and (s.control or 0) > 0 and (s.canary or 0) > 0
+
+
+def guard_batch_sizes(status: LookaheadPolicyStatus) -> list[tuple[int, bool]]:
+    """The batch sizes the guard drives, one after the other, each with whether the promoted config
+    has lookahead on there (pure; ``measure.guard`` reads the same list).
+
+    * A full promotion (lookahead on everywhere): the largest planned batch size, where a throughput
+      regression would show.
+    * A regime-aware promotion (lookahead on for 1..W, off above): the largest batch size measured
+      as a win at or below W -- inside the regime that changed -- and the smallest measured batch size
+      above W (the crossover, where the pods must have switched lookahead off), if one was measured.
+      The largest planned size alone would sit where a regime-aware pod runs exactly as before.
+    """
+    planned = status.progress.batch_sizes or [r.batch_size for r in status.batches or []] or [1]
+    d = status.decision
+    on = [r.end for r in (d.regime or []) if r.enabled] if d is not None else []
+    if d is None or d.action != DecisionAction.PromoteRegimeAware or not on:
+        return [(max(planned), True)]
+    last_on = max(on)
+    rows = [r for r in status.batches or [] if _measured(r)]
+    wins = [r.batch_size for r in rows if r.batch_size <= last_on and r.verdict == "Wins"]
+    above = [r.batch_size for r in rows if r.batch_size > last_on]
+    legs = [(max(wins) if wins else last_on, True)]
+    if above:
+        legs.append((min(above), False))
+    return legs
+
+
+def _reset_guard_legs(b: _Pass) -> None:
+    """A wave (or the final guard) starts its guard from the first batch size."""
+    b.p.guard_leg, b.p.guard_leg_started_at = None, None
+
+
+def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | None, duration: timedelta,
+                what: str) -> bool:
+    """Guard a wave (or, ``status_wave`` None, the final guard): the promoted pod and the control are
+    driven at each of ``guard_batch_sizes`` in turn, each for its share of ``duration`` and until its
+    comparison has enough data; a regression at any of them rolls back, naming the batch size.
+    Returns True while the pass is over (guarding, moved to the next batch size, or rolled back),
+    False once every batch size has passed."""
+    w, p = b.w, b.p
+    legs = guard_batch_sizes(b.s)
+    i = min(p.guard_leg or 0, len(legs) - 1)
+    size, lookahead = legs[i]
+    where = f"batch size {size}" + ("" if len(legs) == 1 else
+                                    f" ({'inside' if lookahead else 'above'} the lookahead range)")
+    check = replace(w.guard, message=f"{where}: {w.guard.message}") if w.guard is not None else None
+    if check is not None and check.regressed:
+        _roll_back(b, "GuardRegression", (f"{what}, " if status_wave is not None else "") + check.message)
+        return True
+    b.act(ActionKind.ENSURE_GUARD_LOAD, wave=wave, batch_size=size, run=p.load_run or 0)
+    b.s.guard = _guard_status(b, check, status_wave, legs, i)
+    label = what if len(legs) == 1 else f"{what} at {where}"
+    if _must_keep_guarding(b, check, p.guard_leg_started_at or since, duration / len(legs), label):
+        return True
+    if i + 1 < len(legs):
+        b.events.append(("Normal", "GuardBatchPassed",
+                         f"{label}: passed; guarding batch size {legs[i + 1][0]} next"))
+        b.act(ActionKind.DELETE_LOAD)
+        p.guard_leg, p.guard_leg_started_at, p.load_run = i + 1, w.now, (p.load_run or 0) + 1
+        b.s.guard = _guard_status(b, None, status_wave, legs, i + 1)
+        b.wait(0)
+        return True
+    return False
+
+
+def _guard_status(b: _Pass, check: GuardCheck | None, status_wave: int | None, legs: list[tuple[int, bool]],
+                  i: int) -> GuardStatus:
+    """status.guard: the comparison at the batch size being driven (``legs[i]``), and what each batch
+    size of this guard showed so far (those before ``i`` passed)."""
+    old = b.s.guard
+    same = old is not None and old.wave == status_wave
+    before = {leg.batch_size: leg for leg in (old.legs or [])} if same else {}
+    rows = []
+    for j, (size, on) in enumerate(legs):
+        prev = before.get(size)
+        message = check.message if j == i and check is not None else prev.message if prev is not None else ""
+        state = "Passed" if j < i else "Guarding" if j == i else "Pending"
+        rows.append(GuardLeg(batch_size=size, lookahead=on, state=state, message=message))
+    if check is None and same and old.batch_size == legs[i][0]:
+        return old.model_copy(update={"legs": rows})
+    return GuardStatus(wave=status_wave, message=check.message if check else "",
+                       enough_data=bool(check and check.enough_data), batch_size=legs[i][0], legs=rows)
 
 
 def _guarding(b: _Pass) -> None:
-    w, spec = b.w, b.spec
-    if w.guard is not None and w.guard.regressed:
-        _roll_back(b, "GuardRegression", w.guard.message)
-        return
-    _guard_load(b, b.p.wave or 0)
-    if w.guard is not None:
-        b.s.guard = GuardStatus(wave=None, message=w.guard.message, enough_data=w.guard.enough_data)
-    if _must_keep_guarding(b, b.p.guard_started_at, spec.promotion.guard.duration, "the guard"):
+    spec = b.spec
+    if _guard_legs(b, b.p.wave or 0, None, b.p.guard_started_at, spec.promotion.guard.duration, "the guard"):
         return
     reason = b.s.decision.reason if b.s.decision else ""
     b.act(ActionKind.DELETE_ROLES)

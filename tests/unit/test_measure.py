@@ -2,6 +2,7 @@
 and decides the same), and the load Jobs the measurement drives."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -71,9 +72,10 @@ def test_row_without_data_rebuilds_as_pending():
 def test_thresholds_come_from_the_typed_spec():
     spec = LookaheadPolicySpec.model_validate({
         "targets": {"selector": {"matchLabels": {"app": "x"}}},
-        "analysis": {"maxThroughputRegression": "3%", "minLatencyImprovement": "7.5%", "confidence": 0.95},
+        "analysis": {"maxThroughputRegression": "3%", "minLatencyImprovement": "7.5%", "confidence": 0.95,
+                     "maxTailLatencyRegression": "150%"},
         "load": {"minSamplesPerStep": 12}})
-    assert thresholds(spec) == Thresholds(0.075, 0.03, 0.95, 12)
+    assert thresholds(spec) == Thresholds(0.075, 0.03, 0.95, 12, max_tail_latency_regression=1.5)
 
 
 def _pod(name, ip, ready=True, promoted=None, deleting=False):
@@ -142,3 +144,188 @@ def test_derived_names_fit_whatever_the_policy_name(name):
     for job in load_jobs(_spec(), policy, "ns", 31, 12345, 4, pods):
         assert len(job["metadata"]["name"]) <= 63
         assert all(len(v) <= 63 for v in job["metadata"]["labels"].values())
+
+
+# --- Prometheus -> row -> decision, on an in-memory Prometheus -----------------------------------
+
+import re
+from datetime import datetime, timedelta, timezone
+
+from lookahead_canary.metrics import PER_TOKEN_BUCKETS
+from lookahead_operator import measure
+from lookahead_operator.decision import BatchOutcome
+from lookahead_operator.engines import metric_names
+from lookahead_operator.models import Progress, TargetStatus
+
+REF = metric_names("reference")
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+
+
+class Store:
+    """Answers the two query shapes measure/observations send (``metric{sel}[Ns]`` at a time, and
+    ``min(timestamp(metric{sel}))``) from in-memory series."""
+
+    def __init__(self) -> None:
+        self.series: list[tuple[str, dict, list[tuple[float, float]]]] = []
+
+    def add(self, name, labels, points):
+        self.series.append((name, dict(labels), list(points)))
+
+    def _match(self, sel, labels):
+        return all(labels.get(k) == v for k, v in re.findall(r'(\w+)="([^"]*)"', sel))
+
+    def custom_query(self, query, params=None):
+        m = re.fullmatch(r"([\w:]+)(\{.*\})\[(\d+)s\]", query)
+        if m:
+            name, sel, rng, t = m.group(1), m.group(2), int(m.group(3)), float(params["time"])
+            return [{"metric": {"__name__": n, **lab}, "values": [[ts, str(v)] for ts, v in pts if t - rng < ts <= t]}
+                    for n, lab, pts in self.series if n == name and self._match(sel, lab)
+                    and any(t - rng < ts <= t for ts, _ in pts)]
+        m = re.fullmatch(r"min\(timestamp\(([\w:]+)(\{.*\})\)\)", query)
+        if m:
+            ts = [pts[-1][0] for n, lab, pts in self.series if n == m.group(1) and self._match(m.group(2), lab)]
+            return [{"metric": {}, "value": [0, str(min(ts))]}] if ts else []
+        raise AssertionError(f"unexpected query {query}")
+
+
+def engine_run(store, labels, draw, start, seconds, names=REF):
+    """One pod of the reference engine at batch 1: tokens one after the other, each taking ``draw()``
+    seconds; its counters, per-token histogram (_sum, _count, _bucket) scraped every second."""
+    t, done = start, []
+    while t < start + seconds:
+        lat = draw()
+        t += lat
+        done.append((t, lat))
+    times = np.array([x[0] for x in done])
+    lats = np.array([x[1] for x in done])
+    scrapes = np.arange(start - 20, start + seconds + 1, 1.0)
+    upto = np.searchsorted(times, scrapes, side="right")
+    cum_sum = np.concatenate([[0.0], np.cumsum(lats)])
+    store.add(names.generation_tokens, labels, zip(scrapes, upto))
+    store.add(names.per_token_latency + "_count", labels, zip(scrapes, upto))
+    store.add(names.per_token_latency + "_sum", labels, zip(scrapes, cum_sum[upto]))
+    for le in list(PER_TOKEN_BUCKETS) + [math.inf]:
+        below = np.concatenate([[0], np.cumsum(lats <= le)])
+        store.add(names.per_token_latency + "_bucket", {**labels, "le": "+Inf" if math.isinf(le) else str(le)},
+                  zip(scrapes, below[upto]))
+    return lats
+
+
+def _measuring_status(sizes, engine="reference"):
+    return LookaheadPolicyStatus(phase="Measuring", targets=[TargetStatus(namespace="ns", name="a", engine=engine)],
+                                 progress=Progress(batch_sizes=sizes, step=0, step_started_at=T0, load_run=1))
+
+
+def _tail_canary_store(seed=11):
+    """Control 20 ms/token; canary 12 ms/token but 2.5% of its tokens wait ~100 ms (a stall-prone
+    scheduler): ~30% faster on the mean, p99 between three and four times the control's."""
+    rng = np.random.default_rng(seed)
+    store = Store()
+    lab = {role: measure.role_labels(("ns", "p"), role) for role in ("control", "canary")}
+    c = engine_run(store, {**lab["control"], "pod": "c-0"}, lambda: 0.020 * rng.lognormal(0, 0.12), T0.timestamp(), 150)
+    k = engine_run(store, {**lab["canary"], "pod": "k-0"},
+                   lambda: 0.10 * rng.lognormal(0, 0.1) if rng.random() < 0.025 else 0.012 * rng.lognormal(0, 0.12),
+                   T0.timestamp(), 150)
+    assert 0.65 < k.mean() / c.mean() < 0.78, "about 30% faster on the mean"
+    assert np.quantile(k, 0.99) / np.quantile(c, 0.99) > 3, "p99 several times worse"
+    return store
+
+
+def test_a_canary_faster_on_the_mean_with_a_p99_several_times_worse_regresses_and_is_not_promoted(monkeypatch):
+    """Issue 11: the step reads p95/p99 per-token latency from the per-token histogram's buckets (the
+    same Prometheus series as the means) and the tail vetoes the win. Before, the row said Wins and
+    the policy promoted lookahead at batch 1."""
+    monkeypatch.setattr(measure, "_prom", lambda spec: _tail_canary_store())
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}},
+                                               "engine": "reference", "load": {"batchSizes": [1]}})
+    status = _measuring_status([1])
+    m = measure.step(spec, ("ns", "p"), status, T0 + timedelta(seconds=125))
+    row = m.row
+    assert row.latency_verdict == "Better" and row.tpot_change < -0.2, "the mean alone says a clear win"
+    assert row.tail_verdict == "Worse" and row.verdict == "Regresses" and m.conclusive
+    assert row.canary_p99_ms > 3 * row.control_p99_ms and row.control_p99_ms == pytest.approx(25, rel=0.2)
+    assert row.tail_threshold == 1.0 == spec.analysis.max_tail_latency_regression
+
+    # what the operator stores (the status model, JSON) is enough to decide the same after a restart
+    wire = json.loads(json.dumps(LookaheadPolicyStatus(batches=[row]).to_dict()))
+    stored_row = LookaheadPolicyStatus.model_validate(wire).batches[0]
+    th = measure.family_thresholds(spec, 1)
+    assert verdict_from_row(stored_row, th).outcome(th) is BatchOutcome.REGRESSES
+    assert verdict_from_row(stored_row.model_copy(update={"tail": None}), th).outcome(th) is BatchOutcome.WINS, \
+        "without the tail the same row is a win"
+    d = measure.decision(spec, status.model_copy(update={"batches": [stored_row]}))
+    assert d.action == "Rollback", d.reason
+    assert "p99 per-token latency" in d.reason and "tail tolerance" in d.reason
+    assert d.evidence["thresholds"]["maxTailLatencyRegression"] == 1.0
+
+
+def test_a_looser_tail_tolerance_lets_the_same_canary_win(monkeypatch):
+    """maxTailLatencyRegression reaches the comparison: at 1000% (11x) the same p99 is tolerated."""
+    monkeypatch.setattr(measure, "_prom", lambda spec: _tail_canary_store())
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}},
+                                               "engine": "reference", "load": {"batchSizes": [1]},
+                                               "analysis": {"maxTailLatencyRegression": "1000%"}})
+    row = measure.step(spec, ("ns", "p"), _measuring_status([1]), T0 + timedelta(seconds=125)).row
+    assert row.tail_threshold == 10.0 and row.tail_verdict != "Worse" and row.verdict == "Wins"
+
+
+def test_bucket_increases_are_exact_reset_aware_and_none_until_scraped():
+    store = Store()
+    lab = {"pod": "a"}
+    pts = [(float(t), float(t)) for t in range(0, 11)]                   # +1 per second
+    reset = [(float(t), float(t if t < 5 else t - 4)) for t in range(0, 11)]  # restarted just before t=5
+    store.add("h_bucket", {**lab, "le": "0.1"}, reset)
+    store.add("h_bucket", {**lab, "le": "+Inf"}, pts)
+    at = lambda s: datetime.fromtimestamp(s, tz=timezone.utc)  # noqa: E731
+    got = measure.bucket_increases(store, "h", lab, at(2), at(8), now=100.0)
+    assert got == {0.1: 6.0, math.inf: 6.0}
+    assert measure.bucket_increases(store, "h", lab, at(2), at(12), now=100.0) is None, "not scraped past the end"
+    assert measure.bucket_increases(store, "missing", lab, at(2), at(8), now=100.0) is None
+
+
+def test_tail_design_effect_counts_the_observations_one_decode_step_records():
+    assert measure.tail_design_effect("vllm", 16, 2.0) == 1.0       # one observation per finished request
+    assert measure.tail_design_effect("reference", 8, None) == 8.0  # per token: every sequence of the step
+    assert measure.tail_design_effect("sglang", 8, 2.5) == 20.0     # and every token accepted in it
+
+
+def _counter(store, labels, rate, start, seconds, rng):
+    scrapes = np.arange(start - 20, start + seconds + 1, 1.0)
+    per_s = np.where((scrapes > start) & (scrapes <= start + seconds), rate * rng.lognormal(0, 0.02, scrapes.size), 0)
+    store.add(REF.generation_tokens, labels, zip(scrapes, np.cumsum(per_s)))
+
+
+def _guard_status(action, leg):
+    from lookahead_operator.models import Decision
+
+    regime = [{"start": 1, "end": 4, "enabled": True}, {"start": 5, "end": 256, "enabled": False}]
+    rows = [BatchResult(batch_size=b, verdict=v, samples={"control": 18, "canary": 18})
+            for b, v in ((1, "Wins"), (4, "Wins"), (16, "Regresses"))]
+    return LookaheadPolicyStatus(
+        phase="Promoting", batches=rows, targets=[TargetStatus(namespace="serving", name="a", engine="reference")],
+        decision=Decision(action=action, reason="r", regime=regime if action == "PromoteRegimeAware" else None),
+        progress=Progress(batch_sizes=[1, 4, 16], load_run=5, guard_leg=leg))
+
+
+def test_guard_compares_the_promoted_pod_with_the_control_at_the_split_confidence(monkeypatch):
+    """measure.guard on the current guard Jobs: a promoted pod 20% below the control regresses. With
+    two guard batch sizes (regime-aware) each comparison runs at half the error budget."""
+    rng = np.random.default_rng(3)
+    store = Store()
+    _counter(store, {"namespace": "serving", "pod": "a-1"}, 40.0, T0.timestamp(), 120, rng)
+    _counter(store, {**measure.role_labels(("inference", "p"), "control"), "pod": "c-0"}, 50.0, T0.timestamp(), 120, rng)
+    monkeypatch.setattr(measure, "_prom", lambda spec: store)
+    job = {"metadata": {"namespace": "serving", "creationTimestamp": T0.isoformat(),
+                        "labels": {"lookahead.dev/run": "5", "lookahead.dev/drives": "promoted",
+                                   "lookahead.dev/pod": "a-1"}}}
+    spec = _spec()
+    now = T0 + timedelta(seconds=110)
+    regime = measure.guard(spec, ("inference", "p"), _guard_status("PromoteRegimeAware", 1), now, [job])
+    assert regime.regressed and regime.enough_data and "(99.5% CS" in regime.message, regime.message
+    full = measure.guard(spec, ("inference", "p"), _guard_status("Promote", None), now, [job])
+    assert full.regressed and "(99% CS" in full.message
+    old_run = measure.guard(spec, ("inference", "p"), _guard_status("PromoteRegimeAware", 1), now,
+                            [{**job, "metadata": {**job["metadata"], "labels": {**job["metadata"]["labels"],
+                                                                                "lookahead.dev/run": "4"}}}])
+    assert not old_run.enough_data and "waiting for the guard load" in old_run.message, \
+        "the previous batch size's Jobs are never read as this one's"

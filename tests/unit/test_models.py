@@ -161,6 +161,18 @@ def test_percent_values_are_fractions_written_back_as_percent_strings():
     assert LookaheadPolicySpec.model_validate(spec.to_dict()) == spec
 
 
+def test_tail_latency_threshold_defaults_to_the_statistics_default_and_may_exceed_100_percent():
+    from lookahead_operator.statistics import DEFAULT_MAX_TAIL_LATENCY_REGRESSION
+
+    default = LookaheadPolicySpec.model_validate(MINIMAL).analysis
+    assert default.max_tail_latency_regression == DEFAULT_MAX_TAIL_LATENCY_REGRESSION == 1.0
+    assert default.to_dict()["maxTailLatencyRegression"] == "100%"
+    for given, fraction, wire in (("250%", 2.5, "250%"), (30, 0.3, "30%"), ("0%", 0.0, "0%"), ("1000", 10.0, "1000%")):
+        a = LookaheadPolicySpec.model_validate(spec_with(**{"analysis.maxTailLatencyRegression": given})).analysis
+        assert a.max_tail_latency_regression == pytest.approx(fraction)
+        assert a.to_dict()["maxTailLatencyRegression"] == wire
+
+
 def test_speculative_config_per_method():
     jac = LookaheadPolicySpec.model_validate(MINIMAL).lookahead.speculative_config()
     assert jac == {"method": "jacobi", "window": 7, "ngram": 5, "guess_set": 7}
@@ -217,6 +229,9 @@ INVALID = {
     "prompts unknown builtin": (spec_with(**{"load.prompts": {"builtin": "poetry"}}), "builtin"),
     "throughput regression 150%": (spec_with(**{"analysis.maxThroughputRegression": "150%"}), "maxThroughputRegression"),
     "latency improvement -5": (spec_with(**{"analysis.minLatencyImprovement": -5}), "minLatencyImprovement"),
+    "tail regression 1500%": (spec_with(**{"analysis.maxTailLatencyRegression": "1500%"}), "maxTailLatencyRegression"),
+    "tail regression -10%": (spec_with(**{"analysis.maxTailLatencyRegression": "-10%"}), "maxTailLatencyRegression"),
+    "tail regression fraction": (spec_with(**{"analysis.maxTailLatencyRegression": 1.5}), "maxTailLatencyRegression"),
     "fractional number percent": (spec_with(**{"analysis.maxThroughputRegression": 2.5}), "maxThroughputRegression"),
     "confidence 1.5": (spec_with(**{"analysis.confidence": 1.5}), "confidence"),
     "confidence 0.5": (spec_with(**{"analysis.confidence": 0.5}), "confidence"),

@@ -456,3 +456,154 @@ def test_deletion_plan_restores_mid_rollout_and_keeps_lookahead_after_success():
     other = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding),
                              [sm.Target("serving", "a", owner="x/y", promoted="d1")], me)
     assert [a.kind for a in other] == [K.DELETE_LOAD, K.DELETE_ROLES], "never touches another policy's targets"
+
+
+# --- the guard after a regime-aware promotion watches the regime that changed ---------------------
+
+SWEEP = example_spec(**{"load.batchSizes": [1, 4, 16, 64]})
+WAVE = SWEEP.promotion.wave_duration.total_seconds()
+ON_1_TO_4 = [{"start": 1, "end": 4, "enabled": True}, {"start": 5, "end": 256, "enabled": False}]
+
+
+def promoted_after(rows, action, **kw):
+    """SWEEP measured as ``rows``, decided ``action``, wave 1 promoted and rolled out."""
+    w = world(spec=SWEEP, fingerprint=SWEEP.fingerprint())
+    _, w = run(w)
+    _, w = run(replace(w, preflight=sm.PreflightResult(PreflightStatus(candidate=True), [1, 4, 16, 64])),
+               preflight=None)
+    _, w = run(replace(w, roles_ready=READY))
+    for r in rows:
+        _, w = run(replace(w, step=sm.StepMeasurement(r, True)), step=None)
+    assert w.status.phase == Phase.Deciding
+    _, w = run(replace(w, decision=decided(action, **kw)), decision=None)
+    plan, w = run(w)
+    assert w.status.phase == Phase.Promoting and kinds(plan) == [K.PROMOTE]
+    did = w.status.decision.id
+    return replace(w, targets=[sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                               sm.Target("serving", "b", "reference", owner="inference/chat-fleet")])
+
+
+def guard_loads(plan):
+    return [(a.batch_size, a.run) for a in plan.actions if a.kind == K.ENSURE_GUARD_LOAD]
+
+
+REGIME_ROWS = [row(1), row(4), row(16, "Regresses"), row(64, "Regresses")]
+OK = sm.GuardCheck(False, "throughput +0.4% [-1.1%, +1.9%]")
+
+
+def test_guard_after_a_regime_aware_promotion_drives_inside_the_lookahead_range_then_above_it():
+    """Lookahead on for 1..4 only: the guard drives batch 4 (inside the range, where the promoted pods
+    changed) for half the wave, then batch 16 (the crossover, where they must have switched it off);
+    never batch 64 alone, where a regime-aware pod runs exactly as the control (the old behaviour)."""
+    w = promoted_after(REGIME_ROWS, "PromoteRegimeAware", crossover_batch_size=16, regime=ON_1_TO_4)
+    assert sm.guard_batch_sizes(w.status) == [(4, True), (16, False)]
+    plan, w = run(replace(w, guard=OK))
+    run0 = w.status.progress.load_run
+    assert guard_loads(plan) == [(4, run0)]
+    g = w.status.guard
+    assert g.batch_size == 4 and [(x.batch_size, x.lookahead, x.state) for x in g.legs] == [
+        (4, True, "Guarding"), (16, False, "Pending")]
+    assert g.message.startswith("batch size 4 (inside the lookahead range): throughput")
+    plan, w = run(at(w, WAVE / 2 - 1))                         # its share of the wave not over yet
+    assert guard_loads(plan) == [(4, run0)] and w.status.progress.guard_leg is None
+    plan, w = run(at(w, WAVE / 2 + 1))                         # batch 4 passed: on to batch 16, fresh Jobs
+    assert K.DELETE_LOAD in kinds(plan) and w.status.progress.guard_leg == 1
+    assert w.status.progress.load_run == run0 + 1 and w.status.progress.wave == 0, "same wave, next batch size"
+    assert [x.state for x in w.status.guard.legs] == ["Passed", "Guarding"]
+    plan, w = run(at(w, WAVE / 2 + 2))
+    assert guard_loads(plan) == [(16, run0 + 1)]
+    plan, w = run(at(w, WAVE))                                 # batch 16 has had less than its share
+    assert w.status.progress.wave == 0 and guard_loads(plan) == [(16, run0 + 1)]
+    plan, w = run(at(w, WAVE + 2))                             # both passed: the wave passes
+    assert w.status.progress.wave == 1 and w.status.progress.guard_leg is None
+    plan, w = run(at(w, WAVE + 3))                             # the next wave starts again inside the range
+    assert guard_loads(plan) == [(4, run0 + 2)]
+
+
+def test_a_regression_above_the_lookahead_range_rolls_back_naming_the_batch_size():
+    w = promoted_after(REGIME_ROWS, "PromoteRegimeAware", crossover_batch_size=16, regime=ON_1_TO_4)
+    _, w = run(replace(w, guard=OK))
+    _, w = run(at(w, WAVE / 2 + 1))
+    assert w.status.progress.guard_leg == 1
+    worse = sm.GuardCheck(True, "promoted pod serving/a-1 throughput -9.0% [-11.0%, -7.0%] vs the control")
+    plan = sm.reconcile(replace(at(w, WAVE / 2 + 60), guard=worse))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "GuardRegression"
+    assert "wave 1, batch size 16 (above the lookahead range): promoted pod" in plan.status.rollback.message
+    assert kinds(plan)[0] == K.RESTORE
+
+
+def test_a_regression_inside_the_lookahead_range_rolls_back_naming_the_batch_size():
+    w = promoted_after(REGIME_ROWS, "PromoteRegimeAware", crossover_batch_size=16, regime=ON_1_TO_4)
+    worse = sm.GuardCheck(True, "promoted pod serving/a-1 throughput -9.0% [-11.0%, -7.0%] vs the control")
+    plan = sm.reconcile(replace(w, guard=worse))
+    assert plan.status.phase == Phase.RolledBack
+    assert "wave 1, batch size 4 (inside the lookahead range)" in plan.status.rollback.message
+
+
+def test_the_final_guard_also_drives_both_regimes():
+    w = promoted_after(REGIME_ROWS, "PromoteRegimeAware", crossover_batch_size=16, regime=ON_1_TO_4)
+    # straight to the final guard: one wave of 100%
+    w.status.progress.wave = len(SWEEP.promotion.waves) - 1
+    promoted = [replace(t, promoted=w.status.decision.id) for t in w.targets]
+    t = 0
+    while w.status.phase == Phase.Promoting and t < 10 * WAVE:
+        t += WAVE / 2 + 1
+        _, w = run(replace(at(w, t), targets=promoted, guard=OK))
+    assert w.status.phase == Phase.Guarding and w.status.progress.guard_leg is None
+    since = w.status.progress.guard_started_at
+    half = SWEEP.promotion.guard.duration.total_seconds() / 2
+    plan, w = run(replace(w, now=since))
+    assert guard_loads(plan) == [(4, w.status.progress.load_run)] and w.status.guard.wave is None
+    plan, w = run(replace(w, now=since + timedelta(seconds=half + 1)))
+    assert w.status.progress.guard_leg == 1 and w.status.phase == Phase.Guarding
+    plan, w = run(replace(w, now=since + timedelta(seconds=half + 2)))
+    assert guard_loads(plan) == [(16, w.status.progress.load_run)]
+    worse = sm.GuardCheck(True, "throughput -9%")
+    plan = sm.reconcile(replace(w, now=since + timedelta(seconds=half + 30), guard=worse))
+    assert plan.status.phase == Phase.RolledBack
+    assert plan.status.rollback.message.startswith("batch size 16 (above the lookahead range): throughput -9%")
+
+
+def test_guard_after_a_full_promotion_drives_the_largest_batch_size_only():
+    """Unchanged: lookahead on everywhere, one comparison at the largest measured batch size for the
+    whole wave."""
+    w = promoted_after([row(b) for b in (1, 4, 16, 64)], "Promote")
+    assert sm.guard_batch_sizes(w.status) == [(64, True)]
+    plan, w = run(replace(w, guard=OK))
+    run0 = w.status.progress.load_run
+    assert guard_loads(plan) == [(64, run0)]
+    plan, w = run(at(w, WAVE / 2 + 1))
+    assert guard_loads(plan) == [(64, run0)] and K.DELETE_LOAD not in kinds(plan)
+    assert w.status.progress.guard_leg is None and w.status.progress.wave == 0
+    plan, w = run(at(w, WAVE + 1))
+    assert w.status.progress.wave == 1
+    assert [(x.batch_size, x.state) for x in w.status.guard.legs] == [(64, "Guarding")]
+
+
+@pytest.mark.parametrize("rows, regime, expect", [
+    # the run of wins ends at a measured loss: inside = the largest win, above = the crossover
+    (REGIME_ROWS, ON_1_TO_4, [(4, True), (16, False)]),
+    # the size right above the range was never measured (no samples): the next measured one
+    ([row(1), row(4), row(16, "Pending", n=0), row(64, "Regresses")], ON_1_TO_4, [(4, True), (64, False)]),
+    # a win at every measured size, the engine runs larger batches: nothing measured above the range
+    ([row(1), row(4), row(16), row(64)], [{"start": 1, "end": 64, "enabled": True},
+                                          {"start": 65, "end": 256, "enabled": False}], [(64, True)]),
+    # a Pending size above the range after the deadline still has data: it is the one above
+    ([row(1), row(4), row(16, "Pending"), row(64, "Pending")], ON_1_TO_4, [(4, True), (16, False)]),
+])
+def test_guard_batch_sizes_after_a_regime_aware_promotion(rows, regime, expect):
+    st = LookaheadPolicyStatus(batches=rows, decision=decided("PromoteRegimeAware", regime=regime),
+                               progress={"batchSizes": [1, 4, 16, 64]})
+    assert sm.guard_batch_sizes(st) == expect
+    assert sm.guard_batch_sizes(st.model_copy(update={"decision": decided("Promote")})) == [(64, True)]
+
+
+def test_pause_during_the_second_guard_batch_size_shifts_its_clock():
+    w = promoted_after(REGIME_ROWS, "PromoteRegimeAware", crossover_batch_size=16, regime=ON_1_TO_4)
+    _, w = run(replace(w, guard=OK))
+    _, w = run(at(w, WAVE / 2 + 1))
+    leg_start = w.status.progress.guard_leg_started_at
+    _, w = run(replace(at(w, WAVE / 2 + 10), spec=SWEEP.model_copy(update={"paused": True})))
+    plan, w = run(replace(at(w, WAVE / 2 + 1010), spec=SWEEP))
+    assert w.status.progress.guard_leg_started_at == leg_start + timedelta(seconds=1000)
+    assert w.status.progress.guard_leg == 1 and guard_loads(plan) == [(16, w.status.progress.load_run)]
