@@ -6,7 +6,10 @@ Everything runs at the CRD's defaults: minLatencyImprovement 5%, maxThroughputRe
 confidence 0.99, minSamplesPerStep 10, sampleInterval 5s, stepDuration 2m with a 30s warm-up (so a
 step has at most 18 sample windows per arm), deadline 30m. The planned sweep is 6 batch sizes
 (1, 2, 4, 8, 16, 32), so our tests run at the family-wise split of 0.99 over 6 batch sizes x 3
-metrics (`Thresholds.for_family`).
+metrics (`Thresholds.for_family`, with the operator's `measure.METRICS_PER_BATCH`): every loss
+bound (the canary-worse side of each interval) one-sided at 0.01 / 36, the win bounds (the
+canary-better side, read by `decide()` only along the run of wins from the smallest size) at
+0.01 / 3 (docs/statistics.md, section 4).
 
 One *scenario* is one load step (one batch size) with a known true effect: the canary's mean
 per-token latency is `lat_ratio` times the control's and its mean throughput `tp_ratio` times
@@ -14,10 +17,15 @@ per-token latency is `lat_ratio` times the control's and its mean throughput `tp
 both arms: a per-token latency (NaN when the window finished no token) and a throughput (0 in a
 stall) per arm. Every method reads the same streams, from the start, as many windows as it wants:
 
-- ``ours``: `statistics.PairedComparison` (paired ratio-of-sums confidence sequences) and the
-  outcome rule of `decision.BatchVerdict` (Regresses / Wins / NoGain), looked at after every window
-  from 10 pairs on, at most 18 windows (the step); unsettled then = Inconclusive. Checked against
-  the operator's own classes on every run (`check_against_operator_code`).
+- ``ours``: `statistics.PairedComparison` (paired confidence sequences: mean log-ratio for latency,
+  ratio of sums for throughput) and the outcome rule of `decision.BatchVerdict` (Regresses / Wins /
+  NoGain), looked at after every window from 10 pairs on; a step still unsettled at its 18th window
+  measures on up to its share of the deadline (54 windows), as the operator does
+  (`statemachine.step_budget`); unsettled then = Inconclusive. Checked against the operator's own
+  classes on every run (`check_against_operator_code`). Variants for context: ``ours_bonferroni``
+  (every interval two-sided at the Bonferroni share, as before the win bound's fixed-sequence
+  split), ``ours_one_step`` (every step stops at 18 windows), ``ours_unpaired`` (the
+  independent-arms `SequentialComparison`, one step).
 - ``fixed_mwu``: what this benchmark called "Kayenta-style" before: a fixed horizon of 50 windows
   per arm, two-sided Mann-Whitney U per metric at 98%, the effect as the Hodges-Lehmann shift over
   the control's median; promote when latency is significantly better by at least 5% and
@@ -83,7 +91,7 @@ from lookahead_operator.decision import BatchOutcome, BatchVerdict
 from lookahead_operator.measure import METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
 from lookahead_operator.models import LookaheadPolicySpec
 from lookahead_operator.statemachine import step_budget
-from lookahead_operator.statistics import (PAIRED_EFFECT_PRIOR, PairedComparison, Thresholds, log_ratio_confidence_sequence,
+from lookahead_operator.statistics import (PairedComparison, Thresholds, log_ratio_confidence_sequence,
                          paired_log_confidence_sequence, paired_ratio_confidence_sequence)
 
 # the CRD's defaults
@@ -113,7 +121,7 @@ EXTENDED_WINDOWS = int((step_budget(_DEFAULTS, len(PLANNED)) - _DEFAULTS.load.wa
 
 PROMOTE, ROLLBACK, INCONCLUSIVE = 0, 1, 2
 HEADLINE = ("ours", "fixed_mwu", "kayenta", "flagger", "flagger_ratio")
-VARIANTS = ("ours_one_step", "ours_unpaired")
+VARIANTS = ("ours_bonferroni", "ours_one_step", "ours_unpaired")
 METHODS = HEADLINE + VARIANTS + tuple(f"{m}@{t}" for m in ("flagger", "flagger_ratio") for t in FLAGGER_THRESHOLDS
                                       if t != FLAGGER_DEFAULT_THRESHOLD)
 PEERS = ("kayenta", "flagger", "flagger_ratio") + tuple(m for m in METHODS if "@" in m)
@@ -311,23 +319,28 @@ def _mean_inv_slow(p: float) -> float:
 
 # --- ours -----------------------------------------------------------------------------------
 
-def _paired_goodness(c: np.ndarray, k: np.ndarray, alpha: float, prior: float, lower_is_better: bool,
+def _paired_goodness(c: np.ndarray, k: np.ndarray, cmp: PairedComparison, lower_is_better: bool,
                      zero_is_stall: bool):
     """Cumulative paired confidence sequences over windows: (n, good_lo, good_hi) per window, with
-    PairedComparison's estimators (latency: mean log-ratio; throughput: ratio of sums)."""
+    PairedComparison's estimators (latency: mean log-ratio; throughput: ratio of sums) and its
+    levels (`cmp`, built by the operator's own `for_latency` / `for_throughput`: two-sided at its
+    confidence, or one-sided bounds under a family split)."""
     cs = lambda x: np.cumsum(x, axis=1)  # noqa: E731
+    sides = cmp.side_alphas()
+    level = dict(alpha=1.0 - cmp.confidence) if sides is None else dict(alpha_lower=sides[0], alpha_upper=sides[1])
+    prior = cmp.effect_prior
     if zero_is_stall:
         keep = np.isfinite(c) & np.isfinite(k) & ~((c == 0) & (k == 0))
         c0, k0 = np.where(keep, c, 0.0), np.where(keep, k, 0.0)
         n = cs(keep).astype(float)
         _, lo, hi = paired_ratio_confidence_sequence(n, cs(c0), cs(k0), cs(c0 * c0), cs(k0 * k0), cs(c0 * k0),
-                                                     alpha, prior)
+                                                     prior=prior, **level)
     else:
         keep = np.isfinite(c) & np.isfinite(k) & (c > 0) & (k > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             d = np.where(keep, np.log(np.where(keep, k, 1.0)) - np.log(np.where(keep, c, 1.0)), 0.0)
         n = cs(keep).astype(float)
-        _, lo, hi = paired_log_confidence_sequence(n, cs(d), cs(d * d), alpha, prior)
+        _, lo, hi = paired_log_confidence_sequence(n, cs(d), cs(d * d), prior=prior, **level)
     with np.errstate(over="ignore", invalid="ignore"):
         lo = np.expm1(np.clip(lo, -50, 50))
         hi = np.expm1(np.clip(hi, -50, 50))
@@ -362,8 +375,8 @@ def run_ours(streams, th: Thresholds, horizon: int = STEP_WINDOWS, paired: bool 
     lat_c, lat_k, tp_c, tp_k = (s[:, :horizon] for s in streams)
     alpha = 1 - th.confidence
     if paired:
-        n_l, l_lo, l_hi = _paired_goodness(lat_c, lat_k, alpha, PAIRED_EFFECT_PRIOR, True, False)
-        n_t, t_lo, t_hi = _paired_goodness(tp_c, tp_k, alpha, PAIRED_EFFECT_PRIOR, False, True)
+        n_l, l_lo, l_hi = _paired_goodness(lat_c, lat_k, PairedComparison.for_latency(th), True, False)
+        n_t, t_lo, t_hi = _paired_goodness(tp_c, tp_k, PairedComparison.for_throughput(th), False, True)
     else:
         n_l, l_lo, l_hi = _unpaired_goodness(lat_c, lat_k, alpha, max(th.min_latency_improvement, 0.01), True, False)
         n_t, t_lo, t_hi = _unpaired_goodness(tp_c, tp_k, alpha, max(th.max_throughput_regression, 0.01), False, True)
@@ -597,6 +610,8 @@ def run(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[Scenario] | N
         base_tp = np.exp(rng.normal(0, FLAGGER_BASELINE_SIGMA, seeds))
         res = {
             "ours": run_ours(streams, fth, EXTENDED_WINDOWS),
+            # before the fixed-sequence win bound: every interval two-sided at the Bonferroni share
+            "ours_bonferroni": run_ours(streams, replace(fth, win_confidence=None), EXTENDED_WINDOWS),
             "ours_one_step": run_ours(streams, fth, horizon),
             "ours_unpaired": run_ours(streams, fth, horizon, paired=False),
             "fixed_mwu": run_fixed_mwu(streams, th),
@@ -606,8 +621,57 @@ def run(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[Scenario] | N
             sfx = "" if t == FLAGGER_DEFAULT_THRESHOLD else f"@{t}"
             res["flagger" + sfx] = run_flagger(streams, th, base_lat, base_tp, t)
             res["flagger_ratio" + sfx] = run_flagger_ratio(streams, th, t)
+        res["oracle_power"] = oracle_power(sc, streams, th)
         rows.append((sc, res))
     return rows
+
+
+def oracle_power(sc: Scenario, streams, th: Thresholds, n: int = EXTENDED_WINDOWS) -> float:
+    """A yardstick, not a method: the probability that a FIXED-horizon one-sided z-test on the
+    mean per-window log-ratio, with the policy's whole error budget (1 - confidence), n windows
+    and the per-window standard deviation KNOWN (measured on this scenario's streams), certifies
+    "latency fell by at least minLatencyImprovement" -- the latency half of a correct promotion,
+    under a Gaussian approximation. No valid test that reads n windows and must hold its error
+    at the threshold can do much better; anytime validity and an estimated variance cost more.
+    NaN for a scenario that does not deserve promotion."""
+    if not sc.deserves_promotion(th):
+        return math.nan
+    lat_c, lat_k = streams[0][:, :n], streams[1][:, :n]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.log(lat_k) - np.log(lat_c)
+    sd = float(np.nanstd(d))
+    margin = math.log(sc.lat_ratio) - math.log(1 - th.min_latency_improvement)  # <= 0: the gain beyond it
+    if sd <= 0:
+        return 1.0 if margin < 0 else 0.0
+    return float(special.ndtr(-margin * math.sqrt(n) / sd + special.ndtri(1 - th.confidence)))
+
+
+EFFECT_BANDS = ((0.05, 0.06), (0.06, 0.10), (0.10, 0.15), (0.15, 0.30), (0.30, 1.0))
+
+
+def by_effect(rows, th: Thresholds, methods=("ours", "ours_bonferroni", "fixed_mwu")) -> dict:
+    """Deserving realistic scenarios by their true latency improvement: correct promotions per
+    method, and the fixed-horizon oracle's bound (`oracle_power`)."""
+    out = {}
+    for lo, hi in EFFECT_BANDS:
+        sel = [(sc, res) for sc, res in rows if sc.deserves_promotion(th) and lo - 1e-9 <= 1 - sc.lat_ratio < hi]
+        if not sel:
+            continue
+        runs = sum(res["ours"][0].size for _, res in sel)
+        band = {"scenarios": len(sel), "runs": runs, "share_of_deserving_runs": 0.0}
+        for m in methods:
+            band[m] = sum(int((res[m][0] == PROMOTE).sum()) for _, res in sel) / runs
+        band["oracle_bound"] = sum(res["oracle_power"] * res["ours"][0].size for _, res in sel) / runs
+        out[f"{lo:.0%}-{hi:.0%}"] = band
+    total = sum(b["runs"] for b in out.values())
+    for b in out.values():
+        b["share_of_deserving_runs"] = b["runs"] / max(total, 1)
+    allsel = [(sc, res) for sc, res in rows if sc.deserves_promotion(th)]
+    n_all = sum(res["ours"][0].size for _, res in allsel)
+    out["all"] = {"scenarios": len(allsel), "runs": n_all, "share_of_deserving_runs": 1.0,
+                  **{m: sum(int((res[m][0] == PROMOTE).sum()) for _, res in allsel) / max(n_all, 1) for m in methods},
+                  "oracle_bound": sum(res["oracle_power"] * res["ours"][0].size for _, res in allsel) / max(n_all, 1)}
+    return out
 
 
 def summarise(rows, th: Thresholds) -> dict:
@@ -704,7 +768,8 @@ def _row(s: dict) -> list[str]:
             f"{s['promoted_regression_rate']:.2%}"]
 
 
-def render(realistic: dict, stress: dict, by_noise: dict, policy: dict, meta: dict) -> None:
+def render(realistic: dict, stress: dict, by_noise: dict, policy: dict, meta: dict,
+           effects: dict | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -735,6 +800,15 @@ def render(realistic: dict, stress: dict, by_noise: dict, policy: dict, meta: di
         pt.add_row(m, f"{r['wrong_enablement_rate']:.2%}", f"{r['exact_regime_rate']:.1%}",
                    f"{r['inconclusive_rate']:.1%}")
     con.print(pt)
+    if effects:
+        et = Table(title="Realistic scenarios that deserve promotion, by true latency improvement: correct promotions")
+        methods = [k for k in next(iter(effects.values())) if k not in ("scenarios", "runs", "share_of_deserving_runs")]
+        for col in ("latency improvement", "scenarios", "share of runs", *methods):
+            et.add_column(col, justify="left" if col == "latency improvement" else "right")
+        for band, b in effects.items():
+            et.add_row(band, str(b["scenarios"]), f"{b['share_of_deserving_runs']:.1%}",
+                       *(f"{b[m]:.1%}" for m in methods))
+        con.print(et)
 
 
 def goals(summary: dict, method: str = "ours") -> dict:
@@ -766,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds if args.seeds is not None else (20 if args.quick else 200)
     th = Thresholds()  # the CRD's defaults: 5%, 2%, 0.99, 10 samples
     t0 = time.time()
+    load_before = os.getloadavg()
     rows = run(seeds, th, seed=args.seed)
     realistic_rows = [r for r in rows if r[0].source == "sim"]
     stress_rows = [r for r in rows if r[0].source == "grid"]
@@ -773,16 +848,21 @@ def main(argv: list[str] | None = None) -> int:
     stress = summarise(stress_rows, th)
     by_noise = breakdown(realistic_rows, th, lambda sc: sc.noise.name)
     policy = policy_eval(rows, th)
+    effects = by_effect(realistic_rows, th)
     fth = family(th)
+    worse_side = PairedComparison.for_throughput(fth).side_alphas()[1]
     meta = {"seeds": seeds, "scenarios": {"realistic": len(realistic_rows), "stress": len(stress_rows)},
             "realistic_runs": realistic["ours"]["runs"], "stress_runs": stress["ours"]["runs"],
             "step_windows": STEP_WINDOWS, "extended_step_windows": EXTENDED_WINDOWS, "planned": list(PLANNED),
-            "per_test_confidence": fth.confidence,
+            "per_test_confidence": fth.confidence, "win_bound_confidence": fth.win_confidence,
+            "worse_bound_confidence": 1 - worse_side,
             "seconds": round(time.time() - t0, 1), "machine": machine(),
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]},
             "thresholds": {"min_latency_improvement": th.min_latency_improvement,
                            "max_throughput_regression": th.max_throughput_regression,
                            "confidence": th.confidence, "min_samples": th.min_samples}}
-    render(realistic, stress, by_noise, policy, meta)
+    render(realistic, stress, by_noise, policy, meta, effects)
     print(f"{len(rows)} scenarios x {seeds} seeds in {meta['seconds']} s on {meta['machine']}")
     out = {m: _rounded(realistic[m]) for m in METHODS}
     out["goal"] = goals(realistic)
@@ -793,6 +873,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                    "inconclusive_rate", "correct_promotion_rate")}
                              for m in METHODS} for g, s in by_noise.items()}
     out["policy"] = {m: _rounded(r) for m, r in policy.items()}
+    out["by_effect"] = {band: _rounded(b) for band, b in effects.items()}
     out["meta"] = meta
     print(json.dumps(out))
     return 0

@@ -46,9 +46,13 @@ Added for issue 11 (docs/statistics.md has the reasoning and the Monte-Carlo evi
 * `compare_tail_latency` -- p95/p99 per-token latency from Prometheus-style cumulative histogram
   buckets per arm, with time-uniform bucket-level bounds (a conjugate beta-binomial mixture
   martingale, exact rather than asymptotic) and a verdict against `maxTailLatencyRegression`.
-* `per_test_confidence` / `Thresholds.for_family` -- Bonferroni split of the policy's error budget
-  over the planned batch sizes x metrics, so that `confidence` is the probability that the whole
-  decision is right.
+* `per_test_confidence` / `Thresholds.for_family` -- the split of the policy's error budget over
+  the planned batch sizes x metrics, so that `confidence` is the probability that the whole
+  decision is right. Loss claims (NoGain, Regresses, a tail veto) get a Bonferroni share each, and
+  a paired comparison spends only the canary-worse half of it (its one-sided worse bound); the
+  half left over pays for the canary-better bounds that Wins claims read, which need one share in
+  all (`win_confidence`): `decide()` reads wins only along the run from the smallest planned batch
+  size, a fixed-sequence procedure (docs/statistics.md, section 4, has the argument).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
+from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -72,6 +77,7 @@ __all__ = [
     "compare_tail_latency",
     "histogram_quantile",
     "per_test_confidence",
+    "win_confidence",
     "log_ratio_confidence_sequence",
     "paired_ratio_confidence_sequence",
     "paired_log_confidence_sequence",
@@ -89,7 +95,8 @@ DEFAULT_METRICS_PER_BATCH = 3
 #: Prior precision c of the standardised effect in the paired tests' scale-invariant mixture
 #: (`paired_log_confidence_sequence`): the effect / per-window sd is mixed over N(0, 1/c). Any fixed c
 #: keeps the guarantee; c = 0.3 makes the boundary narrowest around 10-18 windows, the length of one
-#: step at the CRD's defaults (docs/statistics.md has the table).
+#: step at the CRD's defaults (docs/statistics.md has the table; re-checked for the one-sided win
+#: bounds over a step's full share of 10-54 windows: c = 1 or 3 moves the benchmark by < 0.1 point).
 PAIRED_EFFECT_PRIOR = 0.3
 
 
@@ -115,10 +122,16 @@ class Thresholds:
     min_samples: int = 10  # per arm, per metric, before any verdict
     # p95/p99 per-token latency may rise at most this much (1.0 = at most twice the control's)
     max_tail_latency_regression: float = DEFAULT_MAX_TAIL_LATENCY_REGRESSION
+    # One-sided confidence of the canary-better bound of each paired interval (the bound a Wins claim
+    # reads), set by `for_family`. None: paired intervals are two-sided at `confidence`. When set,
+    # a paired interval's canary-worse bound is one-sided at 1 - (1 - confidence) / 2 instead.
+    win_confidence: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.confidence < 1.0:
             raise ValueError("confidence must be in (0, 1)")
+        if self.win_confidence is not None and not 0.0 < self.win_confidence < 1.0:
+            raise ValueError("win_confidence must be in (0, 1)")
         if self.min_latency_improvement < 0 or self.max_throughput_regression < 0:
             raise ValueError("thresholds must be >= 0")
         if self.max_tail_latency_regression < 0:
@@ -128,9 +141,13 @@ class Thresholds:
 
     def for_family(self, n_batch_sizes: int, n_metrics: int = DEFAULT_METRICS_PER_BATCH) -> "Thresholds":
         """The thresholds each single test runs at so that the policy's ``confidence`` holds for
-        the whole decision: confidence split (Bonferroni) over ``n_batch_sizes`` x ``n_metrics``
-        planned tests. Margins are unchanged."""
-        return replace(self, confidence=per_test_confidence(self.confidence, n_batch_sizes, n_metrics))
+        the whole decision (docs/statistics.md, section 4). ``confidence`` becomes the Bonferroni
+        share of each of the ``n_batch_sizes`` x ``n_metrics`` planned tests (the bound of every loss
+        claim: NoGain, Regresses, a tail veto; a paired comparison's canary-worse bound is one-sided
+        at half of it); ``win_confidence`` the one-sided level of the canary-better bounds that Wins
+        claims read (`win_confidence`). Margins are unchanged."""
+        return replace(self, confidence=per_test_confidence(self.confidence, n_batch_sizes, n_metrics),
+                       win_confidence=win_confidence(self.confidence, n_batch_sizes, n_metrics))
 
 
 def per_test_confidence(confidence: float, n_batch_sizes: int, n_metrics: int = DEFAULT_METRICS_PER_BATCH) -> float:
@@ -144,6 +161,27 @@ def per_test_confidence(confidence: float, n_batch_sizes: int, n_metrics: int = 
     if k < 1:
         raise ValueError("n_batch_sizes and n_metrics must be >= 1")
     return 1.0 - (1.0 - confidence) / k
+
+
+def win_confidence(confidence: float, n_batch_sizes: int, n_metrics: int = DEFAULT_METRICS_PER_BATCH) -> float:
+    """One-sided confidence of the canary-better bound of every paired interval of a policy: the
+    bound that a Wins claim (latency better by the minimum improvement, throughput not worse than
+    its tolerance) reads.
+
+    Why one share of the budget covers all batch sizes: `decision.decide` enables lookahead only
+    along the run of wins from the smallest planned batch size, so a wrong enablement needs a false
+    Wins claim at the *first* planned size that does not deserve one -- a single, fixed (if
+    unknown) size, whose two better-side bounds each hold at this level (an intersection-union
+    claim: if latency misses its minimum, a false win needs the latency bound to fail; if
+    throughput misses its tolerance, the throughput bound). That is the fixed-sequence
+    procedure. What pays for it: the loss claims read only the canary-worse side of a paired
+    interval, one-sided at half of the test's share ``(1 - per_test_confidence) / 2``, so latency
+    and throughput together leave one share per batch size unspent, ``(1 - confidence) /
+    n_metrics`` in all. The tail (the other metrics) spends its whole share. Hence
+    ``1 - (1 - confidence) / max(n_metrics, 2)``: 0.99 over 6 sizes x 3 metrics -> 0.99667 for the
+    win bounds, 0.99972 one-sided for the worse bounds, 0.99944 for the tail."""
+    per_test_confidence(confidence, n_batch_sizes, n_metrics)  # validates
+    return 1.0 - (1.0 - confidence) / max(int(n_metrics), 2)
 
 
 def mixture_half_width(info: np.ndarray | float, alpha: float, tau: float) -> np.ndarray | float:
@@ -209,6 +247,9 @@ class ComparisonResult:
     stalls_control: int = 0  # intervals with zero output in that arm only, counted in (throughput)
     stalls_canary: int = 0
     dropped: int = 0  # intervals left out: a side missing, or both arms at zero (no comparison)
+    # paired comparisons of a family split (Thresholds.for_family): the canary-better bound is
+    # one-sided at this confidence, the canary-worse bound one-sided at 1 - (1 - confidence) / 2
+    win_confidence: float | None = None
 
     # -- in "goodness" units: positive = canary better ---------------------------------------
     def _good(self) -> tuple[float, float] | None:
@@ -462,12 +503,107 @@ def _lai_kappa(n: np.ndarray, alpha: float, prior: float) -> np.ndarray:
         return -np.expm1(np.log(alpha * alpha * prior / (n + prior)) / n)
 
 
+def _student_t_cdf(x: np.ndarray, nu: int) -> np.ndarray:
+    """P(T <= x) for Student's t with an integer number of degrees of freedom ``nu`` >= 1, exactly
+    (the finite series of Abramowitz & Stegun 26.7.3 / 26.7.4; numpy only, no SciPy at runtime)."""
+    x = np.asarray(x, dtype=float)
+    theta = np.arctan(x / math.sqrt(nu))
+    c2 = np.cos(theta) ** 2
+    coef = _t_series(int(nu))
+    s = (c2[..., None] ** np.arange(coef.size)) @ coef
+    if nu % 2 == 0:
+        a = np.sin(theta) * s
+    else:
+        a = (2.0 / math.pi) * (theta + np.sin(theta) * np.cos(theta) * s)
+    return np.clip(0.5 * (1.0 + a), 0.0, 1.0)
+
+
+@lru_cache(maxsize=1024)
+def _t_series(nu: int) -> np.ndarray:
+    """Coefficients (in cos^2 theta) of the A&S series: even nu 1, 1/2, 1*3/(2*4), ...; odd nu
+    1, 2/3, 2*4/(3*5), ... (none for nu = 1)."""
+    if nu % 2 == 0:
+        k = np.arange(1, nu // 2)
+        return np.concatenate([[1.0], np.cumprod((2 * k - 1) / (2 * k))])
+    if nu == 1:
+        return np.zeros(1)
+    k = np.arange(1, (nu - 1) // 2)
+    return np.concatenate([[1.0], np.cumprod((2 * k) / (2 * k + 1))])
+
+
+def _log_one_sided_mixture(rho: float, n: int, prior: float) -> float:
+    """log of the one-sided scale-invariant mixture B+_n at rho = S / sqrt((n + c) V) > 0 (see
+    `_one_sided_kappa`)."""
+    a = rho / math.sqrt(1.0 - rho * rho)
+    t = float(_student_t_cdf(np.array([math.sqrt(n) * a]), n)[0])
+    return 0.5 * math.log(prior / (n + prior)) - 0.5 * n * math.log1p(-rho * rho) + math.log(2.0 * t)
+
+
+@lru_cache(maxsize=4096)
+def _one_sided_kappa_scalar(n: int, alpha: float, prior: float) -> float:
+    if n < 2:
+        return math.inf
+    target = math.log(1.0 / alpha)
+    top = math.sqrt(n / (n + prior))
+    hi = top * (1.0 - 1e-15)
+    if _log_one_sided_mixture(hi, n, prior) < target:
+        return math.inf  # no mean is excluded yet: the bound is infinite
+    lo = 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _log_one_sided_mixture(mid, n, prior) >= target:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-15 * hi:
+            break
+    return hi * hi  # the rejection threshold itself (never below it: conservative by rounding)
+
+
+def _one_sided_kappa(n: np.ndarray, alpha: float, prior: float) -> np.ndarray:
+    """kappa such that the ONE-sided scale-invariant mixture stays under 1/alpha exactly when
+    S_n < sqrt(kappa (n + c) V_n) (S, V the sums of d_i - m and (d_i - m)^2, as below).
+
+    Mixing the standardised effect over a half-normal prior (effect > 0 only, precision c) instead
+    of the two-sided N(0, 1/c) gives, with rho = S / sqrt((n + c) V) and T_n Student's t CDF,
+        B+_n = sqrt(c / (n + c)) (1 - rho^2)^(-n/2) * 2 T_n( sqrt(n) rho / sqrt(1 - rho^2) ),
+    the two-sided mixture times 2 P(Z <= a chi_n): a nonnegative martingale under the true mean for
+    the same reason (a mixture of the scale-invariant likelihood ratios), increasing in rho > 0 and
+    below 1 for every rho <= 0, so {B+_n >= 1/alpha} = {rho >= sqrt(kappa_n)}: the lower bound of a
+    one-sided confidence sequence at level alpha. Solved numerically once per (n, alpha, c)."""
+    n = np.asarray(n, dtype=float)
+    out = np.full(n.shape, np.inf)
+    ok = np.isfinite(n) & (n >= 2)
+    if ok.any():
+        uniq, inv = np.unique(n[ok].astype(np.int64), return_inverse=True)
+        vals = np.array([_one_sided_kappa_scalar(int(u), float(alpha), float(prior)) for u in uniq])
+        out[ok] = vals[inv]
+    return out
+
+
+def _side_kappas(n: np.ndarray, alpha: float | None, prior: float, alpha_lower: float | None,
+                 alpha_upper: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(kappa for the lower bound, kappa for the upper bound): both the two-sided kappa at alpha,
+    or one-sided kappas at alpha_lower and alpha_upper."""
+    if alpha_lower is None and alpha_upper is None:
+        if alpha is None or not 0 < alpha < 1:
+            raise ValueError("alpha must be in (0, 1)")
+        k = _lai_kappa(n, alpha, prior)
+        return k, k
+    if alpha_lower is None or alpha_upper is None or not (0 < alpha_lower < 1 and 0 < alpha_upper < 1):
+        raise ValueError("alpha_lower and alpha_upper must both be in (0, 1)")
+    return _one_sided_kappa(n, alpha_lower, prior), _one_sided_kappa(n, alpha_upper, prior)
+
+
 def paired_log_confidence_sequence(
     n: np.ndarray | float,
     sum_d: np.ndarray | float,
     sum_dd: np.ndarray | float,
-    alpha: float,
+    alpha: float | None = None,
     prior: float | None = None,
+    *,
+    alpha_lower: float | None = None,
+    alpha_upper: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised: (estimate, lower, upper) of the mean of i.i.d. paired differences d_i (here
     per-window log-ratios log(canary_i / control_i)) from the running sums of d and d^2.
@@ -482,18 +618,26 @@ def paired_log_confidence_sequence(
     >= 1 - alpha. No plug-in variance, no asymptotics: exact for Gaussian d_i, at any n >= 2, so
     it holds at the small per-test alphas a family-wise split asks for. Solving B_n(m) < 1/alpha:
         |mean(d) - m| < s * sqrt(kappa (n + c) (n - 1) / (n (n - kappa (n + c)))),
-    s the sample standard deviation (infinite while n <= kappa (n + c)). NaN where n < 2."""
+    s the sample standard deviation (infinite while n <= kappa (n + c)). NaN where n < 2.
+
+    ``alpha_lower`` / ``alpha_upper`` (both, instead of ``alpha``): two ONE-sided sequences, the
+    lower bound at level alpha_lower and the upper at alpha_upper (half-normal mixtures,
+    `_one_sided_kappa`), each valid at every n on its own; the interval then covers with
+    probability >= 1 - alpha_lower - alpha_upper."""
     c = PAIRED_EFFECT_PRIOR if prior is None else float(prior)
     n, sum_d, sum_dd = (np.asarray(x, dtype=float) for x in (n, sum_d, sum_dd))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ok = n >= 2
         d = sum_d / n
         s2 = np.maximum(np.maximum(sum_dd - n * d * d, 0.0) / np.maximum(n - 1.0, 1.0), 1e-12)
-        k = _lai_kappa(n, alpha, c)
-        den = n - k * (n + c)
-        w = np.where(den > 0, np.sqrt(k * (n + c) * (n - 1.0) * s2 / (n * den)), np.inf)
+        k_lo, k_hi = _side_kappas(n, alpha, c, alpha_lower, alpha_upper)
+
+        def width(k: np.ndarray) -> np.ndarray:
+            den = n - k * (n + c)
+            return np.where(np.isfinite(k) & (den > 0), np.sqrt(k * (n + c) * (n - 1.0) * s2 / (n * den)), np.inf)
+
         d = np.where(ok, d, np.nan)
-        return d, np.where(ok, d - w, np.nan), np.where(ok, d + w, np.nan)
+        return d, np.where(ok, d - width(k_lo), np.nan), np.where(ok, d + width(k_hi), np.nan)
 
 
 def paired_ratio_confidence_sequence(
@@ -503,8 +647,11 @@ def paired_ratio_confidence_sequence(
     sum_cc: np.ndarray | float,
     sum_kk: np.ndarray | float,
     sum_ck: np.ndarray | float,
-    alpha: float,
+    alpha: float | None = None,
     prior: float | None = None,
+    *,
+    alpha_lower: float | None = None,
+    alpha_upper: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised: (log R_hat, log lower, log upper) for R = E[canary] / E[control] from the running
     sums of ``n`` paired windows (control c_i, canary k_i, the same wall-clock windows).
@@ -520,22 +667,34 @@ def paired_ratio_confidence_sequence(
 
     NaN where the sums cannot support an estimate (n < 2, no control output); where the canary
     produced nothing at all the estimate and both bounds are -inf (-100%, with certainty); an upper
-    bound of +inf when the interval is unbounded."""
+    bound of +inf when the interval is unbounded.
+
+    ``alpha_lower`` / ``alpha_upper`` (both, instead of ``alpha``): one-sided sequences as in
+    `paired_log_confidence_sequence`. The lower bound of R is the lower root of the quadratic with
+    the lower side's kappa: below it S(r) > 0 is large enough for the one-sided mixture against
+    "R > r" to exceed 1/alpha_lower; the upper bound the upper root with the upper side's kappa."""
     c0 = PAIRED_EFFECT_PRIOR if prior is None else float(prior)
     n, sc, sk, scc, skk, sck = (np.asarray(x, dtype=float) for x in (n, sum_c, sum_k, sum_cc, sum_kk, sum_ck))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ok = (n >= 2) & (sc > 0) & (sk > 0)
         nothing = (n >= 2) & (sc > 0) & (sk == 0)
-        q = _lai_kappa(n, alpha, c0) * (n + c0)
-        eps = 1.0 + 1e-12  # a relative variance floor: constant streams still get a finite width
-        a = sc * sc - q * scc * eps
-        b = -2.0 * sk * sc + 2.0 * q * sck
-        cc = sk * sk - q * skk * eps
-        disc = b * b - 4.0 * a * cc
-        root = np.sqrt(np.maximum(disc, 0.0))
-        bounded = (a > 0) & (disc >= 0)
-        r_lo = np.where(bounded, (-b - root) / (2.0 * a), 0.0)
-        r_hi = np.where(bounded, (-b + root) / (2.0 * a), np.inf)
+        k_lo, k_hi = _side_kappas(n, alpha, c0, alpha_lower, alpha_upper)
+
+        def roots(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            finite = np.isfinite(k)
+            q = np.where(finite, k, 0.0) * (n + c0)
+            eps = 1.0 + 1e-12  # a relative variance floor: constant streams still get a finite width
+            a = sc * sc - q * scc * eps
+            b = -2.0 * sk * sc + 2.0 * q * sck
+            cc = sk * sk - q * skk * eps
+            disc = b * b - 4.0 * a * cc
+            root = np.sqrt(np.maximum(disc, 0.0))
+            bounded = finite & (a > 0) & (disc >= 0)
+            return np.where(bounded, (-b - root) / (2.0 * a), 0.0), np.where(bounded, (-b + root) / (2.0 * a), np.inf)
+
+        r_lo, r_hi = roots(k_lo)
+        if k_hi is not k_lo:
+            _, r_hi = roots(k_hi)
         r_hat = sk / sc
         # the estimate always lies inside; a lower root below 0 means "down to -100%"
         lo = np.log(np.clip(np.minimum(r_lo, r_hat), 0.0, None))
@@ -589,8 +748,15 @@ class PairedComparison(_Comparison):
         min_samples: int = 10,
         effect_prior: float | None = None,
         estimator: str | None = None,
+        win_confidence: float | None = None,
     ) -> None:
         super().__init__(metric, direction, threshold, confidence, min_samples)
+        # None: the interval is two-sided at `confidence`. Set (a family split, Thresholds.for_family):
+        # the canary-better bound is one-sided at win_confidence, the canary-worse bound one-sided
+        # at 1 - (1 - confidence) / 2 (docs/statistics.md, section 4)
+        self.win_confidence = float(win_confidence) if win_confidence is not None else None
+        if self.win_confidence is not None and not 0 < self.win_confidence < 1:
+            raise ValueError("win_confidence must be in (0, 1)")
         # c: prior precision of the standardised effect in the mixture; see PAIRED_EFFECT_PRIOR
         self.effect_prior = float(effect_prior) if effect_prior is not None else PAIRED_EFFECT_PRIOR
         if self.effect_prior <= 0:
@@ -609,7 +775,26 @@ class PairedComparison(_Comparison):
         self.dropped = 0  # windows with a side missing, or both sides at zero
         self.rejected = 0  # values that were present but impossible (negative; zero latency)
 
-    # -- construction like SequentialComparison -------------------------------------------
+    # -- construction like SequentialComparison, plus the family split's win side -----------
+    @classmethod
+    def for_latency(cls, thresholds: Thresholds, metric: str = "per_token_latency_seconds"):
+        return cls(metric, Direction.LOWER_IS_BETTER, thresholds.min_latency_improvement,
+                   thresholds.confidence, thresholds.min_samples, win_confidence=thresholds.win_confidence)
+
+    @classmethod
+    def for_throughput(cls, thresholds: Thresholds, metric: str = "output_tokens_per_second"):
+        return cls(metric, Direction.HIGHER_IS_BETTER, thresholds.max_throughput_regression,
+                   thresholds.confidence, thresholds.min_samples, win_confidence=thresholds.win_confidence)
+
+    def side_alphas(self) -> tuple[float, float] | None:
+        """(alpha of the lower bound, alpha of the upper bound) of the relative change, one-sided;
+        None when the interval is two-sided at `confidence`."""
+        if self.win_confidence is None:
+            return None
+        better, worse = 1.0 - self.win_confidence, (1.0 - self.confidence) / 2.0
+        # latency: a lower canary value is better, so the upper bound of the change is the better side
+        return (worse, better) if self.direction is Direction.LOWER_IS_BETTER else (better, worse)
+
     # -- feeding --------------------------------------------------------------------------
     def _clean(self, x: Any) -> float | None:
         v = _value(x)
@@ -666,7 +851,8 @@ class PairedComparison(_Comparison):
         return {
             "paired": True, "metric": self.metric, "direction": self.direction.value,
             "threshold": self.threshold, "confidence": self.confidence, "minSamples": self.min_samples,
-            "effectPrior": self.effect_prior, "estimator": self.estimator, "control": list(self._c),
+            "effectPrior": self.effect_prior, "estimator": self.estimator, "winConfidence": self.win_confidence,
+            "control": list(self._c),
             "canary": list(self._k),
             "dropped": self.dropped,
             "rejected": self.rejected,
@@ -676,7 +862,8 @@ class PairedComparison(_Comparison):
     @classmethod
     def from_state(cls, state: dict) -> "PairedComparison":
         c = cls(state["metric"], state["direction"], state["threshold"], state["confidence"],
-                state["minSamples"], effect_prior=state.get("effectPrior"), estimator=state.get("estimator"))
+                state["minSamples"], effect_prior=state.get("effectPrior"), estimator=state.get("estimator"),
+                win_confidence=state.get("winConfidence"))
         c._c, c._k = [float(x) for x in state["control"]], [float(x) for x in state["canary"]]
         c.dropped, c.rejected = int(state.get("dropped", 0)), int(state.get("rejected", 0))
         for role, p in (state.get("pending") or {}).items():
@@ -696,7 +883,8 @@ class PairedComparison(_Comparison):
             metric=self.metric, direction=self.direction, threshold=self.threshold,
             confidence=self.confidence, n_control=n, n_canary=n, control_mean=mc, canary_mean=mk,
         )
-        extra = dict(paired=True, stalls_control=stalls_c, stalls_canary=stalls_k, dropped=self.dropped)
+        extra = dict(paired=True, stalls_control=stalls_c, stalls_canary=stalls_k, dropped=self.dropped,
+                     win_confidence=self.win_confidence)
         if n < self.min_samples:
             note = f"need {self.min_samples} paired windows, have {n}"
             if self.dropped:
@@ -704,14 +892,14 @@ class PairedComparison(_Comparison):
             est = (mk / mc - 1.0) if (n and mc and mc > 0) else None
             return ComparisonResult(**base, estimate=est, interval=None, verdict=Verdict.NOT_ENOUGH_DATA,
                                     note=note, **extra)
+        sides = self.side_alphas()
+        level = dict(alpha=1.0 - self.confidence) if sides is None else dict(alpha_lower=sides[0], alpha_upper=sides[1])
         if self.estimator == "log":
             dl = np.log(k) - np.log(c)
-            d, lo, hi = paired_log_confidence_sequence(n, dl.sum(), float(dl @ dl),
-                                                       alpha=1.0 - self.confidence, prior=self.effect_prior)
+            d, lo, hi = paired_log_confidence_sequence(n, dl.sum(), float(dl @ dl), prior=self.effect_prior, **level)
         else:
             d, lo, hi = paired_ratio_confidence_sequence(
-                n, c.sum(), k.sum(), float(c @ c), float(k @ k), float(c @ k),
-                alpha=1.0 - self.confidence, prior=self.effect_prior)
+                n, c.sum(), k.sum(), float(c @ c), float(k @ k), float(c @ k), prior=self.effect_prior, **level)
         d, lo, hi = float(d), float(lo), float(hi)
         if math.isnan(d) or math.isnan(lo) or math.isnan(hi):
             return ComparisonResult(**base, estimate=None, interval=None, verdict=Verdict.NOT_ENOUGH_DATA,
