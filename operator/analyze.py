@@ -3,17 +3,18 @@
 Starts a control (lookahead off) and a canary (lookahead on) reference engine as local processes
 on the same model -- or uses two engines already running (``--engine-url CONTROL CANARY``) --
 then, for each batch size, drives both with the closed-loop load generator on the same prompt
-stream, in alternating rounds, and feeds
-
-* per-token latency: one sample per request (client-side: (last token - first token) /
-  (completion tokens - 1), tokens counted from the server's usage), and
-* throughput: one sample per interval of the closed loop's steady phase (output tokens/s),
-
-into the anytime-valid sequential comparison (``lookahead_operator.statistics``). A batch size
-stops as soon as its verdict is settled (wins, regresses, no gain), or when its share of the time
-budget is spent, which leaves it Pending. The per-batch verdicts go to
-``lookahead_operator.decision.decide``; the table, the crossover and the decision are printed and a
-report (HTML with PNG plots, JSON) is written.
+stream in short rounds: each round runs the control and then the canary (the order alternates
+round by round), C workers sending one request each, and at least ``MIN_ROUND_REQUESTS`` in
+all, on the same prompts. Round i of both roles is one
+*pair*: its per-token latency (summed decode time over summed tokens after the first, vLLM's TPOT)
+and its throughput (output tokens / round wall time) for each role. The pairs go to the operator's
+own paired, anytime-valid test (``statistics.PairedComparison``), so machine drift slower than a
+round (another process starting, thermal or frequency changes) lands on both roles and cancels in
+their ratio. A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or
+when its share of the time budget is spent, which leaves it Pending. ``confidence`` is that of the
+whole decision: each test runs at its share (``Thresholds.for_family``, as the operator splits
+it). The per-batch verdicts go to ``lookahead_operator.decision.decide``; the table, the crossover
+and the decision are printed and a report (HTML with PNG plots, JSON) is written.
 
 Engine-side numbers (per-token latency from ``request_time_per_output_token``, acceptance from the
 spec-decode counters) are read from each engine's own ``/metrics`` before and after every round,
@@ -47,7 +48,18 @@ from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 from . import engines
 from .engines import MetricNames
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+# both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and 2 and loses at 8
+# (docs/benchmarks/engine-cpu.md); a size near the crossover (4) takes most of the budget to settle
+DEFAULT_BATCH_SIZES = (1, 2, 8)
+# requests per role in a round, at least: lookahead's gain differs from prompt to prompt (a prompt
+# whose answer copies code from it gains 3-8x, prose none), so a pair of rounds measures a mix of
+# prompts, not one (measured: 4-prompt rounds carry about twice the information per second)
+MIN_ROUND_REQUESTS = 4
+# torch threads per local engine: one core for the engine under test (the roles take turns), the
+# other for the load generator and whatever else runs on the machine; a second thread buys little
+# on 2 cores (a greedy step: 65 ms either way) and makes every step erratic when another process
+# competes for the cores
+DEFAULT_ENGINE_THREADS = 1
 DEFAULT_TIME_LIMIT_S = 540.0        # the whole run, engine start included (make demo: < 10 min on 2 cores)
 RESERVE_S = 20.0                    # kept for the report and stopping the engines
 DEFAULT_MAX_TOKENS = 32
@@ -59,6 +71,30 @@ DEFAULT_LOOKAHEAD = {"method": "jacobi", "window": 3, "ngram": 4, "guess_set": 2
 
 class AnalyzeError(RuntimeError):
     pass
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+
+
+def machine() -> dict[str, Any]:
+    """This machine's CPU: model name, the instruction sets that decide what a forward over more
+    query tokens costs (AVX-512, bf16, AMX), and the core count (/proc/cpuinfo; Linux)."""
+    name, flags = "unknown CPU", []
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name") and name == "unknown CPU":
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                break
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return {"cpu": name, "cpu_flags": [f for f in wanted if f in flags], "cores": os.cpu_count()}
+
+
+def machine_words() -> str:
+    m = machine()
+    return f"{m['cpu']} ({', '.join(m['cpu_flags']) or 'no AVX'}), {m['cores']} cores"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,6 +121,7 @@ class EngineProcess:
     sim_config: str | None = None
     max_num_seqs: int = 32
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None       # extra environment (e.g. OMP_NUM_THREADS), over os.environ
     port: int = 0
     log_path: Path | None = None
     popen: subprocess.Popen | None = None
@@ -109,7 +146,8 @@ class EngineProcess:
             self.port = free_port()
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix=f"lookahead-{self.role}-")) / "engine.log"
-        self.popen = process.start(self.argv(), self.log_path)
+        env = {**os.environ, **self.env} if self.env else None
+        self.popen = process.start(self.argv(), self.log_path, env=env)
         return self
 
     def log_tail(self, lines: int = 25) -> str:
@@ -311,16 +349,49 @@ def make_thresholds(min_latency_improvement: float, max_throughput_regression: f
                       confidence=confidence, min_samples=min_samples)
 
 
-def compare(control: RoleMeasurement, canary: RoleMeasurement, thresholds) -> tuple[Any, Any]:
-    """(latency ComparisonResult, throughput ComparisonResult) from the samples so far."""
-    from .statistics import SequentialComparison
+def family_thresholds(thresholds, n_batch_sizes: int):
+    """Each test's level so that ``confidence`` holds for the whole decision (latency and throughput
+    at every batch size), split as the operator splits it (`Thresholds.for_family`)."""
+    return thresholds.for_family(n_batch_sizes, n_metrics=2)
 
-    lat = SequentialComparison.for_latency(thresholds)
-    lat.add_control(control.per_token_s)
-    lat.add_canary(canary.per_token_s)
-    tp = SequentialComparison.for_throughput(thresholds)
-    tp.add_control(control.interval_tokens_per_s)
-    tp.add_canary(canary.interval_tokens_per_s)
+
+def pooled_per_token_s(requests: Sequence[RequestResult]) -> float | None:
+    """Per-token latency pooled over requests: summed (last token - first token) over summed
+    (completion tokens - 1) of the finished ones (vLLM's TPOT: the first token, which waits for the
+    prefill, is left out); None when no request produced two tokens."""
+    rs = [r for r in requests if r.ok and r.completion_tokens and r.completion_tokens > 1
+          and r.first_token_at is not None and r.last_token_at is not None]
+    n = sum(r.completion_tokens - 1 for r in rs)
+    return sum(r.last_token_at - r.first_token_at for r in rs) / n if n else None
+
+
+def round_per_token_s(step: StepResult) -> float | None:
+    """A round's per-token latency for one role (`pooled_per_token_s` over its requests); None
+    when no request of the round produced two tokens (the pair is then left out)."""
+    return pooled_per_token_s(step.requests)
+
+
+def round_tokens_per_s(step: StepResult) -> float | None:
+    """A round's throughput for one role: output tokens / the round's wall time (0 in a stall);
+    None for a round cut at the time limit (the client cannot count what the cancelled requests
+    produced)."""
+    if step.cancelled or step.duration_s <= 0:
+        return None
+    return step.output_tokens / step.duration_s
+
+
+def compare(control: RoleMeasurement, canary: RoleMeasurement, thresholds) -> tuple[Any, Any]:
+    """(latency ComparisonResult, throughput ComparisonResult), paired by round: round i of the
+    control and round i of the canary ran back to back on the same prompts (in alternating order),
+    so machine drift slower than a round lands on both and cancels in their ratio. The operator's
+    own paired test (`statistics.PairedComparison`) on one sample pair per round."""
+    from .statistics import PairedComparison
+
+    lat = PairedComparison.for_latency(thresholds)
+    tp = PairedComparison.for_throughput(thresholds)
+    for role, meas in (("control", control), ("canary", canary)):
+        lat.add(role, [round_per_token_s(st) for st in meas.steps])
+        tp.add(role, [round_tokens_per_s(st) for st in meas.steps])
     return lat.result(), tp.result()
 
 
@@ -359,9 +430,9 @@ class AnalyzeConfig:
     backend: str = "model"
     sim_config: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
-    requests_per_worker: int | None = 2                 # per round: each of the C workers sends at most this many
+    requests_per_worker: int | None = 1                 # per round: each of the C workers sends at most this many
     round_s: float = 30.0                               # per round and role: stop issuing after this (then drain)
-    max_rounds: int = 12
+    max_rounds: int = 40
     budget_s: float | None = None                       # measurement budget; None: what the time limit leaves
     time_limit_s: float = DEFAULT_TIME_LIMIT_S          # the whole run, engine start and warm-up included
     interval_s: float = DEFAULT_INTERVAL_S
@@ -373,6 +444,7 @@ class AnalyzeConfig:
     out: Path = Path("reports")
     engine_start_timeout_s: float = 300.0
     max_num_seqs: int = 32
+    engine_threads: int | None = DEFAULT_ENGINE_THREADS  # torch/OpenMP threads per local engine (None: torch's default)
 
 
 @dataclass
@@ -428,6 +500,9 @@ class AnalyzeResult:
             "engineStartSeconds": round(self.load_s, 2),
             "model": self.config.model,
             "backend": self.config.backend,
+            # where the engines ran (local engines) or this client ran (--engine-url): the gain is a
+            # property of the machine, so every result names it
+            "cpu": machine_words(),
             "engine": self.config.engine,
             "prompts": self.config.prompts,
             "maxTokens": self.config.max_tokens,
@@ -437,7 +512,8 @@ class AnalyzeResult:
             "thresholds": {
                 "minLatencyImprovement": self.thresholds.min_latency_improvement,
                 "maxThroughputRegression": self.thresholds.max_throughput_regression,
-                "confidence": self.thresholds.confidence,
+                "confidence": self.config.confidence,           # of the whole decision
+                "perTestConfidence": self.thresholds.confidence,  # each latency/throughput test's share
                 "minSamples": self.thresholds.min_samples,
             },
             "method": {
@@ -465,7 +541,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
     res = BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
     t0 = time.monotonic()
     offset = 0
-    per_round = c * cfg.requests_per_worker if cfg.requests_per_worker else None
+    per_round = max(c * cfg.requests_per_worker, MIN_ROUND_REQUESTS) if cfg.requests_per_worker else None
     last_round_s = 0.0
     while True:
         r0 = time.monotonic()
@@ -585,7 +661,8 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
 
 def _engine_processes(cfg: AnalyzeConfig, workdir: Path) -> dict[str, EngineProcess]:
     spec = engines.reference_speculative_config(cfg.lookahead)
-    common = dict(model=cfg.model, backend=cfg.backend, sim_config=cfg.sim_config, max_num_seqs=cfg.max_num_seqs)
+    common = dict(model=cfg.model, backend=cfg.backend, sim_config=cfg.sim_config, max_num_seqs=cfg.max_num_seqs,
+                  env={"OMP_NUM_THREADS": str(cfg.engine_threads)} if cfg.engine_threads else None)
     return {
         "control": EngineProcess("control", log_path=workdir / "control-engine.log", **common),
         "canary": EngineProcess("canary", speculative_config=spec, log_path=workdir / "canary-engine.log", **common),
@@ -607,8 +684,8 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
     started_at = time.time()
     t0 = time.monotonic()
     m = engines.metric_names(cfg.engine)
-    thresholds = make_thresholds(cfg.min_latency_improvement, cfg.max_throughput_regression, cfg.confidence,
-                                 cfg.min_samples)
+    thresholds = family_thresholds(make_thresholds(cfg.min_latency_improvement, cfg.max_throughput_regression,
+                                                   cfg.confidence, cfg.min_samples), len(cfg.batch_sizes))
     prompts = loadgen.load_prompts(cfg.prompts, max_tokens=cfg.max_tokens)
     procs: dict[str, EngineProcess] = {}
     engines_info: dict[str, dict] = {}
@@ -687,12 +764,16 @@ def add_arguments(p) -> None:
                    help="Jacobi: also verify a prompt-copied draft of up to this many tokens (0: pure Jacobi)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="ngram method: K")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each prompt's max_tokens")
-    p.add_argument("--requests-per-worker", type=int, default=2,
+    p.add_argument("--requests-per-worker", type=int, default=1,
                    help="per round and role, requests each of the C closed-loop workers sends at most "
-                        "(default 2: both roles get the same number of samples a round; 0 = no cap)")
+                        "(default 1: short rounds, so drift cancels within each control/canary pair; "
+                        "0 = no cap)")
     p.add_argument("--round", dest="round_s", type=units.parse_duration, default=30.0,
                    help="per round and role, stop issuing requests after this long, then drain (default 30s)")
-    p.add_argument("--max-rounds", type=int, default=12, help="rounds per batch size at most")
+    p.add_argument("--engine-threads", type=int, default=DEFAULT_ENGINE_THREADS,
+                   help=f"torch threads of each local engine (default {DEFAULT_ENGINE_THREADS}; 0: torch's default, "
+                        "one per core)")
+    p.add_argument("--max-rounds", type=int, default=40, help="rounds (control/canary pairs) per batch size at most")
     p.add_argument("--time-limit", type=units.parse_duration, default=DEFAULT_TIME_LIMIT_S,
                    help=f"the whole run, engine start included (default {DEFAULT_TIME_LIMIT_S:.0f}s); the "
                         "batch sizes share what is left after the engines are up")
@@ -702,8 +783,10 @@ def add_arguments(p) -> None:
                    help="throughput sample interval (default 2s)")
     p.add_argument("--min-latency-improvement", type=_fraction, default=0.05, help="e.g. 5%% (default)")
     p.add_argument("--max-throughput-regression", type=_fraction, default=0.02, help="e.g. 2%% (default)")
-    p.add_argument("--confidence", type=_fraction, default=0.95, help="default 0.95")
-    p.add_argument("--min-samples", type=int, default=6, help="samples per arm before any verdict (default 6)")
+    p.add_argument("--confidence", type=_fraction, default=0.95,
+                   help="of the whole decision, split over the batch sizes and both metrics (default 0.95)")
+    p.add_argument("--min-samples", type=int, default=6,
+                   help="control/canary round pairs before any verdict (default 6)")
 
 
 def config_from_args(args) -> AnalyzeConfig:
@@ -717,7 +800,8 @@ def config_from_args(args) -> AnalyzeConfig:
         model=args.model, prompts=args.prompts, batch_sizes=tuple(args.batch_sizes),
         engine_urls=tuple(args.engine_url) if args.engine_url else None, engine=args.engine, lookahead=la,
         backend=args.backend, sim_config=args.sim_config, max_tokens=args.max_tokens,
-        requests_per_worker=args.requests_per_worker, round_s=args.round_s, max_rounds=args.max_rounds, budget_s=args.budget,
+        requests_per_worker=args.requests_per_worker, round_s=args.round_s, engine_threads=args.engine_threads,
+        max_rounds=args.max_rounds, budget_s=args.budget,
         time_limit_s=args.time_limit,
         interval_s=args.interval, min_latency_improvement=args.min_latency_improvement,
         max_throughput_regression=args.max_throughput_regression, confidence=args.confidence,
@@ -732,8 +816,8 @@ def main(args) -> int:
     from . import report
 
     stream = sys.stderr if args.json else sys.stdout
-    # a wide table in logs and CI (rich would wrap it at 80 columns when not on a terminal)
-    console = Console(stderr=args.json, width=None if stream.isatty() else 190)
+    # the table fits 80 columns; in logs and CI (not a terminal) rich wraps the prose at 80 too
+    console = Console(stderr=args.json, width=None if stream.isatty() else 80)
     try:
         cfg = config_from_args(args)
         engines.lookahead_params(cfg.lookahead)

@@ -41,10 +41,22 @@ def _fmt(x: Any, nd: int = 1, pct: bool = False) -> str:
     return f"{x:.{nd}f}"
 
 
-def _interval_words(iv: list[float] | None) -> str:
+def _bound_words(x: float) -> str:
+    """One end of a relative-change interval for a person: beyond +-100% (a 2x change either way)
+    a percent says nothing more, so it reads as a bound."""
+    if x >= 1.0:
+        return ">+100"
+    if x <= -0.99:
+        return "<-99"
+    return f"{100 * x:+.0f}"
+
+
+def _interval_words(iv: list[float] | None, unit: str = "%") -> str:
+    """``[-60, -30]%``: the interval of a relative change, whole percent, clipped where unbounded."""
     if not iv:
         return "-"
-    return f"[{100 * iv[0]:+.1f}%, {100 * iv[1]:+.1f}%]"
+    sep = ", " if unit else ","  # the compact form (console table) drops the space and the unit
+    return f"[{_bound_words(iv[0])}{sep}{_bound_words(iv[1])}]{unit}"
 
 
 def position_key(metric: str, position: int) -> str:
@@ -189,10 +201,11 @@ code {{ background: #f3f3f3; padding: 1px 4px; }}
 <p>Model <b>{html.escape(str(data['model']))}</b> (backend {html.escape(str(data['backend']))}), engine
 {html.escape(str(data['engine']))}, lookahead <code>{html.escape(json.dumps(data['lookahead']))}</code>,
 prompts <b>{html.escape(str(data['prompts']))}</b> (max {data['maxTokens']} tokens), batch sizes
-{html.escape(', '.join(map(str, data['batchSizes'])))}.</p>
+{html.escape(', '.join(map(str, data['batchSizes'])))}, on {html.escape(str(data.get('cpu') or 'an unknown CPU'))}.</p>
 <p>Thresholds: latency must improve by more than {100 * th['minLatencyImprovement']:.0f}%, throughput may fall by
-at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidence']:.2f}
-(anytime-valid confidence sequences; at least {th['minSamples']} samples per arm).</p>
+at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidence']:.2f} for the whole decision
+(paired, anytime-valid confidence sequences, each test at its share {th.get('perTestConfidence', th['confidence']):.4f};
+at least {th['minSamples']} control/canary round pairs).</p>
 <div class="decision"><b>Decision: {html.escape(str(d.get('action')))}</b>
 {('(crossover at batch size ' + str(data['crossoverBatchSize']) + ')') if data.get('crossoverBatchSize') else ''}
 <br>{html.escape(str(d.get('reason', '')))}</div>
@@ -201,7 +214,7 @@ at most {100 * th['maxThroughputRegression']:.0f}%, at confidence {th['confidenc
 <table><tr><th>batch</th><th>control ms/token</th><th>canary ms/token</th><th>change</th><th>interval</th>
 <th>control tok/s</th><th>canary tok/s</th><th>change</th><th>interval</th><th>acceptance rate</th>
 <th>mean acceptance length (tokens/step)</th><th>acceptance by draft position</th><th>verdict</th>
-<th>rounds (stop)</th><th>latency samples</th></tr>
+<th>rounds (stop)</th><th>requests</th></tr>
 {''.join(rows)}</table>
 {('<p>Not measured (the decision was settled before them): batch sizes ' + html.escape(', '.join(map(str, data['notMeasured']))) + '.</p>') if data.get('notMeasured') else ''}
 <h2>Plots</h2>{imgs}
@@ -254,24 +267,28 @@ def write_report(result, out: Path) -> dict:
 
 
 def print_summary(data: dict, console) -> None:
+    """The verdict table and the decision, in 80 columns."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"lookahead analysis: {data['model']} ({data['backend']}), lookahead {json.dumps(data['lookahead'])}")
-    for col in ("batch", "control ms/tok", "canary ms/tok", "change [interval]", "control tok/s", "canary tok/s",
-                "change [interval]", "accept", "accept len", "verdict", "n (lat)"):
-        t.add_column(col, justify="right")
+    t = Table(title=f"lookahead vs greedy: {data['model']} ({data['backend']})", box=box.SIMPLE_HEAD,
+              padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
+    for col in ("batch", "control\nms/tok", "canary\nms/tok", "latency\nchange [CI]",
+                "throughput\nchange [CI]", "acc.\nlen.", "verdict", "pairs"):
+        t.add_column(col, justify="right", no_wrap=True)
     style = {"Wins": "green", "Regresses": "red", "NoGain": "yellow", "Pending": "dim"}
     for r in data["batches"]:
         t.add_row(
-            str(r["batchSize"]), _fmt(r["controlTpotMs"], 2), _fmt(r["canaryTpotMs"], 2),
-            f"{_fmt(r['tpotChange'], 1, pct=True)} {_interval_words(r['tpotInterval'])}",
-            _fmt(r["controlTokensPerSecond"]), _fmt(r["canaryTokensPerSecond"]),
-            f"{_fmt(r['throughputChange'], 1, pct=True)} {_interval_words(r['throughputInterval'])}",
-            _fmt(r["acceptanceRate"], 2), _fmt(r.get("meanAcceptanceLength"), 2),
+            str(r["batchSize"]), _fmt(r["controlTpotMs"], 1), _fmt(r["canaryTpotMs"], 1),
+            f"{_fmt(r['tpotChange'], 0, pct=True)} {_interval_words(r['tpotInterval'], unit='')}",
+            f"{_fmt(r['throughputChange'], 0, pct=True)} {_interval_words(r['throughputInterval'], unit='')}",
+            _fmt(r.get("meanAcceptanceLength"), 2),
             f"[{style.get(r['verdict'], '')}]{r['verdict']}",
-            f"{r['control']['perTokenSamples']}/{r['canary']['perTokenSamples']}",
+            str(r.get("rounds", "-")),
         )
     console.print(t)
+    console.print(f"lookahead: {json.dumps(data['lookahead'])}")
+    console.print(f"machine: {data.get('cpu') or 'unknown'}")
     d = data.get("decision") or {}
     if data.get("notMeasured"):
         console.print(f"not measured (the decision was settled before them): batch sizes {data['notMeasured']}")
