@@ -175,17 +175,19 @@ def load_model(spec: str, dtype=torch.float32):
     raise ValueError(f"unknown model {spec!r}: expected 'smollm2', 'tiny', a model directory or a .gguf file")
 
 
-def chat_prompt(tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` as one user turn under the tokenizer's chat template, with the
-    assistant turn opened (``add_generation_prompt``)."""
+def chat_prompt(tokenizer, prompt: "str | list[dict] | tuple[dict, ...]") -> list[int]:
+    """Token ids of a chat under the tokenizer's chat template, with the assistant turn opened
+    (``add_generation_prompt``): ``prompt`` is the messages, or a text taken as one user turn.
+    The one rendering the engine server (``/v1/chat/completions``) and ``bench-engine`` share, so
+    the same prompt set gives the same token ids in-process and served."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "keys"):
             out = out["input_ids"]
-        return list(out)
-    return tokenizer(text)["input_ids"]
+        return [int(t) for t in out]
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
 def eos_ids(model, tokenizer) -> set[int]:

@@ -405,10 +405,10 @@ def _message_text(content: Any, i: int) -> str:
 
 
 def render_chat(messages: list[dict[str, str]], ctx: ServingContext) -> list[int]:
-    tok = ctx.tokenizer
     if ctx.has_chat_template:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return [int(t) for t in tok.encode(text, add_special_tokens=False)]
+        from .models import chat_prompt  # the rendering bench-engine uses too (same token ids)
+
+        return chat_prompt(ctx.tokenizer, messages)
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     return _encode(ctx, text)
 

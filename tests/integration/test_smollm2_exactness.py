@@ -27,8 +27,8 @@ def prompts(smol):
     code = load_prompts("code")
     chat = load_prompts("chat")
     summ = load_prompts("summarize")
-    texts = [code[6]["prompt"], chat[0]["prompt"], summ[1]["prompt"], code[4]["prompt"],
-             chat[5]["prompt"], "Hi", code[12]["prompt"], summ[9]["prompt"]]
+    texts = [code[6]["messages"], chat[0]["messages"], summ[1]["messages"], code[4]["messages"],
+             chat[5]["messages"], "Hi", code[12]["messages"], summ[9]["messages"]]
     return [chat_prompt(tok, t) for t in texts]
 
 
