@@ -82,9 +82,10 @@ class BatchVerdict:
         lat, tp = self.latency, self.throughput
         if tp.worse_by_more_than(thresholds.max_throughput_regression):
             return BatchOutcome.REGRESSES
-        if self.tail_regresses():
+        if self.tail_regresses() and min(lat.n_control, lat.n_canary) >= thresholds.min_samples:
             # a canary faster on average but with a tail beyond maxTailLatencyRegression is not
-            # promoted; it is reported as Regresses with the tail named in the reason
+            # promoted; it is reported as Regresses with the tail named in the reason. Like every
+            # verdict, not before the step has minSamplesPerStep samples per arm.
             return BatchOutcome.REGRESSES
         if lat.better_by_at_least(thresholds.min_latency_improvement) and tp.not_worse_by_more_than(
             thresholds.max_throughput_regression

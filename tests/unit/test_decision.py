@@ -308,3 +308,14 @@ def test_status_row_keeps_its_original_keys_for_unpaired_verdicts_without_a_tail
         "batchSize", "controlTpotMs", "canaryTpotMs", "tpotChange", "tpotInterval", "controlTokensPerSecond",
         "canaryTokensPerSecond", "throughputChange", "throughputInterval", "samples", "confidence",
         "acceptanceRate", "latencyVerdict", "throughputVerdict", "verdict"}
+
+
+def test_a_tail_veto_waits_for_the_steps_minimum_samples_like_every_verdict():
+    """The shipped example's e2e test found a batch-8 step settled by the tail veto after fewer
+    than minSamplesPerStep windows: the tail is a verdict too and waits for the step's minimum."""
+    early = BatchVerdict(8, missing(Direction.LOWER_IS_BETTER), missing(Direction.HIGHER_IS_BETTER), None,
+                         tail=_tail(True))
+    assert early.tail_regresses()
+    assert early.outcome(TH) is BatchOutcome.PENDING and not early.settled(TH)
+    later = BatchVerdict(8, win(8).latency, win(8).throughput, None, tail=_tail(True))
+    assert later.outcome(TH) is BatchOutcome.REGRESSES
