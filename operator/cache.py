@@ -2,6 +2,8 @@
 Jobs, kept by Kopf indexes (``handlers``) from watch events, so that a steady-state reconcile
 reads nothing from the API server and writes are its only requests.
 
+An index keeps only what a pass reads of each object (``slim_deployment``, ``slim_pod``,
+``slim_job``): at hundreds of policies whole objects were most of the operator's memory.
 ``Snapshot.of(...)`` copies, in the event loop, the part of the indexes one policy needs; a
 ``CachedView`` answers the same read calls as ``kube.Kube`` from it (the actions and ``observe``
 take either). Kopf fills every index from a full list before any handler runs, so after a restart
@@ -10,32 +12,73 @@ the first pass already sees the whole cluster.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from . import api
 from .kube import Kube
+from .kube import mark_created, recently_created  # noqa: F401 - (the registry lives with the writes)
 from .models import LabelSelector, LookaheadPolicySpec
 
 _DROP_META = ("managedFields",)
-from .kube import mark_created, recently_created  # noqa: E402,F401 - (the registry lives with the writes)
+_KEEP_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",
+              "creationTimestamp", "deletionTimestamp", "ownerReferences")
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_DEPLOYMENT_STATUS = ("observedGeneration", "replicas", "updatedReplicas", "readyReplicas", "availableReplicas")
 
 
-def snapshot_of(body: Mapping[str, Any]) -> dict:
-    """A plain, independent copy of an object (the daemon's live policy body changes in place)."""
-    out = copy.deepcopy(dict(body))
-    meta = out.get("metadata") or {}
-    for key in _DROP_META:
-        meta.pop(key, None)
+def _meta(meta: Mapping[str, Any]) -> dict:
+    out = {k: v for k, v in meta.items() if k in _KEEP_META}
+    if _LAST_APPLIED in (out.get("annotations") or {}):  # kubectl's copy of the whole object: never read
+        out["annotations"] = {k: v for k, v in out["annotations"].items() if k != _LAST_APPLIED}
     return out
 
 
+def _conditions(status: Mapping[str, Any]) -> list[dict]:
+    return [{k: c[k] for k in ("type", "status", "reason", "message") if k in c} for c in status.get("conditions") or []]
+
+
+def slim_deployment(body: Mapping[str, Any]) -> dict:
+    """What the deployments cache keeps of a Deployment: identity, labels and annotations, the spec
+    (a target's pod template is what canary and control are cloned from) and the rollout status.
+    Our own canary and control keep no pod template (nothing reads it from the cache: they are
+    never fleet), which halves what the cache holds for a policy in flight."""
+    meta = _meta(body.get("metadata") or {})
+    spec = dict(body.get("spec") or {})
+    if (meta.get("labels") or {}).get(api.LABEL_MANAGED_BY) == api.MANAGED_BY:
+        spec.pop("template", None)
+    status = body.get("status") or {}
+    slim_status = {k: status[k] for k in _DEPLOYMENT_STATUS if k in status}
+    slim_status["conditions"] = _conditions(status)
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": meta, "spec": spec,
+            "status": slim_status}
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict:
+    """What the pods cache keeps of one of our Pods: identity and labels, each container's name and
+    ports (the load Jobs' target port), and whether and where it serves (phase, IP, conditions)."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": _meta(body.get("metadata") or {}),
+            "spec": {"containers": [{k: c[k] for k in ("name", "ports") if k in c} for c in spec.get("containers") or []]},
+            "status": {**{k: status[k] for k in ("phase", "podIP") if k in status}, "conditions": _conditions(status)}}
+
+
+def slim_job(body: Mapping[str, Any]) -> dict:
+    """What the jobs cache keeps of a load Job: identity, labels and creation time, and its status
+    counters (not its pod template)."""
+    status = body.get("status") or {}
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": _meta(body.get("metadata") or {}),
+            "status": {**{k: status[k] for k in ("active", "succeeded", "failed", "startTime", "completionTime")
+                          if k in status}, "conditions": _conditions(status)}}
+
+
 def cached(body: Mapping[str, Any]) -> dict:
-    """What an index keeps of a watched object: its top level as a plain dict (no managedFields).
-    Each watch event brings a freshly parsed object that nothing mutates afterwards, so the
-    nested values are shared, not copied (a deep copy of every event was the operator's largest
-    CPU cost at hundreds of policies)."""
+    """A policy's body as a pass reads it: its top level as a plain dict (no managedFields). Each
+    watch event brings a freshly parsed object that nothing mutates afterwards, so the nested
+    values are shared, not copied (a deep copy of every event was the operator's largest CPU cost
+    at hundreds of policies)."""
     out = dict(body)
     meta = dict(out.get("metadata") or {})
     for key in _DROP_META:

@@ -56,70 +56,57 @@ def kube() -> Kube:
     return _kube
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """No "last handled" copy of anything. Kopf keeps one to tell creations and updates apart (the
+    default deep-copies the whole body at every watch event of every watched kind, and writes it
+    into an annotation of every new policy: one more PATCH and one more event each). No handler here
+    reacts to a creation or an update: a policy has a daemon (woken by ``wake``) and a deletion
+    handler; Deployments, Pods, Jobs and Namespaces only feed the caches. So every object reads as
+    seen before and unchanged."""
+
+    def build(self, *, body, extra_fields=None):
+        return {}
+
+    def fetch(self, *, body):
+        return {}
+
+    def store(self, *, body, patch, essence) -> None:
+        return None
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = _NoDiffBase()
+    # Only our own Pods and load Jobs are watched: the API server filters them (Kopf's label filters
+    # on the indexes below are client-side: every Pod of the cluster would be sent and processed).
+    settings.watching.label_selectors["pods"] = api.LABEL_POLICY
+    settings.watching.label_selectors["batch", "v1", "jobs"] = f"{api.LABEL_ROLE}=loadgen"
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's would repeat it
     log.setLevel(os.environ.get("LOOKAHEAD_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
-    settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "32"))
-    _warm_up(kube())
+    # Kopf's executor runs only the (sync) deletion handler now: the indexes and events are async.
+    settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "4"))
+    kube()
     port = int(os.environ.get("LOOKAHEAD_METRICS_PORT", "9100"))
     if port:
         metrics.serve(port, os.environ.get("LOOKAHEAD_METRICS_ADDR", "0.0.0.0"))
 
 
+PASS_THREADS = int(os.environ.get("LOOKAHEAD_PASS_THREADS", "16"))
+
+
 @kopf.on.startup()
 async def threads(**_) -> None:
-    """Passes run in threads (the Kubernetes client blocks): enough of them that hundreds of
-    policies applied at once do not queue behind each other."""
+    """Passes run in threads (the Kubernetes client blocks). They wait on the API server and
+    Prometheus most of the time; a few more than the cores keep both busy when hundreds of policies
+    are applied at once, and no more: every thread is memory (its stack, its malloc arena) and
+    contention for the GIL."""
     from concurrent.futures import ThreadPoolExecutor
 
-    workers = int(os.environ.get("LOOKAHEAD_PASS_THREADS", "64"))
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(workers, thread_name_prefix="pass"))
-
-
-def _warm_up(k: Kube) -> None:
-    """The Kubernetes client builds each model class (pydantic) on first use, ~0.2 s of CPU apiece:
-    deserialize one of each object the operator reads or writes now, at start, rather than inside
-    the first hundred reconciles."""
-    import json
-
-    template = {"metadata": {"labels": {"app": "x"}, "annotations": {"a": "b"}},
-                "spec": {"containers": [{"name": "engine", "image": "x", "command": ["x"], "args": ["--x"],
-                                         "env": [{"name": "A", "value": "1"}],
-                                         "ports": [{"name": "http", "containerPort": 8000}],
-                                         "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
-                                         "resources": {"requests": {"cpu": "1"}},
-                                         "securityContext": {"capabilities": {"drop": ["ALL"]}},
-                                         "volumeMounts": [{"name": "p", "mountPath": "/p"}]}],
-                         "volumes": [{"name": "p", "configMap": {"name": "c", "items": [{"key": "k", "path": "k"}]}}],
-                         "securityContext": {"runAsUser": 1, "seccompProfile": {"type": "RuntimeDefault"}}}}
-    meta = {"name": "x", "namespace": "x", "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x",
-                                                               "uid": "u"}]}
-    samples = {
-        "V1Deployment": {"metadata": meta, "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": template},
-                         "status": {"conditions": [{"type": "Progressing", "status": "True"}]}},
-        "V1Job": {"metadata": meta, "spec": {"template": template}, "status": {"conditions": []}},
-        "V1PodList": {"items": [{"metadata": meta, "spec": template["spec"],
-                                 "status": {"conditions": [{"type": "Ready", "status": "True"}],
-                                            "containerStatuses": [{"name": "x", "image": "x", "imageID": "x",
-                                                                   "ready": True, "restartCount": 0}]}}],
-                      "metadata": {}},
-        "V1DeploymentList": {"items": [], "metadata": {}}, "V1JobList": {"items": [], "metadata": {}},
-        "V1NamespaceList": {"items": [{"metadata": meta}], "metadata": {}},
-        "CoreV1Event": {"metadata": meta, "involvedObject": {"name": "x"}, "source": {"component": "x"}},
-        "V1Status": {"details": {"causes": [{"field": "x"}]}},
-    }
-    for klass, data in samples.items():
-        try:
-            k.api_client.deserialize(json.dumps(data), klass, "application/json")
-        except Exception as exc:  # noqa: BLE001 - a warm-up only
-            log.debug("warm-up of %s: %s", klass, exc)
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass"))
 
 
 @kopf.on.probe(id="reconciles")
@@ -129,30 +116,39 @@ def probe(**_) -> float:
 
 # --- watched caches (reads come from these, not from list calls) -------------------------------------
 
+# (async: Kopf runs a sync handler in a thread, once per watch event of every object)
+
 @kopf.index("namespaces")
-def namespace_labels(name, labels, **_):
+async def namespace_labels(name, labels, **_):
     return {name: dict(labels)}
 
 
 @kopf.index("apps", "v1", "deployments")
-def deployments_by_namespace(namespace, body, **_):
-    return {namespace: cache.cached(body)}
+async def deployments_by_namespace(namespace, body, **_):
+    return {namespace: cache.slim_deployment(body)}
 
 
 @kopf.index("pods", labels={api.LABEL_POLICY: kopf.PRESENT})
-def pods_by_policy(labels, body, **_):
-    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.cached(body)}
+async def pods_by_policy(labels, body, **_):
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.slim_pod(body)}
 
 
 @kopf.index("batch", "v1", "jobs", labels={api.LABEL_ROLE: "loadgen"})
-def jobs_by_policy(labels, body, **_):
-    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.cached(body)}
+async def jobs_by_policy(labels, body, **_):
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.slim_job(body)}
 
 
 # --- scheduling: a daemon per policy, woken by changes -------------------------------------------------
 
 _uid_by_key: dict[str, str] = {}     # "namespace/name" of a policy -> its uid (for wake-ups)
-_pending: set[str] = set()           # policies waiting for their targets to appear
+#: policies waiting for their targets to appear -> the namespaces they search (None: any, for a
+#: namespace selector), so that a new Deployment wakes only those it may concern
+_pending: dict[str, frozenset[str] | None] = {}
+#: uid -> the policy's resourceVersion its daemon saw when it found it could not go on with it (a
+#: write conflicted, or Kopf's finalizer is not on it yet): the next event of that policy wakes it
+_stale: dict[str, str] = {}
+#: how long a daemon waits for that next event before it tries again anyway
+STALE_WAIT_S = 2.0
 
 
 def _wake(key: str) -> None:
@@ -169,11 +165,13 @@ def _signature(meta) -> tuple:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def wake(meta, **_) -> None:
     """A change of the spec or of a gate annotation wakes the policy's daemon at once (status
-    writes, ours included, do not)."""
+    writes, ours included, do not); so does any newer version of a policy whose daemon waits for one."""
     uid = meta.get("uid")
     sig = _signature(meta)
-    if _seen.get(uid) != sig:
+    stale = _stale.get(uid)
+    if _seen.get(uid) != sig or (stale is not None and meta.get("resourceVersion") != stale):
         _seen[uid] = sig
+        _stale.pop(uid, None)
         if uid in _wakers:
             _wakers[uid].set()
 
@@ -181,58 +179,105 @@ async def wake(meta, **_) -> None:
 @kopf.on.event("apps", "v1", "deployments")
 async def wake_on_deployment(meta, **_) -> None:
     """A canary/control or a claimed target changed (created, ready, rolled out, failed): wake its
-    policy; any other Deployment may be a new target for a policy still looking for its fleet."""
+    policy; any other Deployment may be a new target for a policy still looking for its fleet in
+    that namespace."""
     labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
     if labels.get(api.LABEL_POLICY) and labels.get(api.LABEL_POLICY_NAMESPACE):
         _wake(f"{labels[api.LABEL_POLICY_NAMESPACE]}/{labels[api.LABEL_POLICY]}")
     elif ann.get(api.ANNOTATION_OWNER):
         _wake(ann[api.ANNOTATION_OWNER])
-    else:
-        for key in list(_pending):
-            _wake(key)
+    elif _pending:
+        namespace = meta.get("namespace")
+        for key, namespaces in list(_pending.items()):
+            if namespaces is None or namespace in namespaces:
+                _wake(key)
+
+
+async def _sleep(wake_event: asyncio.Event, stopped, timeout: float | None) -> None:
+    waiters = [asyncio.ensure_future(wake_event.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30.0)
 async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy,
               **_) -> None:
+    """One policy's daemon: a pass whenever something it waits on changes, or its plan's time has
+    come. Between passes it holds nothing of the policy but the resourceVersions its own status
+    writes replaced (the live body is Kopf's; hundreds of sleeping daemons must not each keep a
+    copy)."""
     uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
     key = f"{namespace}/{name}"
     _uid_by_key[key] = uid
     wake_event = _wakers.setdefault(uid, asyncio.Event())
-    written: tuple[frozenset, dict] | None = None   # (resourceVersions our writes replaced, the object as written)
+    indexes = (namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy)
+    superseded: frozenset[str] = frozenset()   # resourceVersions our own status writes replaced
+    first = True
+    stale_since: float | None = None           # waiting since then for the watch to bring a newer version
+    loop = asyncio.get_running_loop()
     try:
         while not stopped:
             wake_event.clear()
-            raw = cache.cached(body)        # the live body as of now (Kopf replaces it whole on each event)
-            if raw["metadata"].get("deletionTimestamp"):
+            live = body["metadata"]            # (Kopf replaces the live body whole on each event)
+            if live.get("deletionTimestamp"):
                 break
-            if written is not None and raw["metadata"].get("resourceVersion") in written[0]:
-                raw = written[1]            # our own status write has not come back through the watch yet
-            spec, error = parse_spec(raw)
-            status = parse_status(raw)
-            snap = cache.Snapshot.of(namespace, name, spec, status.targets, namespace_labels,
-                                     deployments_by_namespace, pods_by_policy, jobs_by_policy)
+            seen_rv = live.get("resourceVersion")
+            fresh = None
+            if first and FINALIZER not in (live.get("finalizers") or []) or seen_rv in superseded:
+                # Kopf puts its finalizer on a new policy by a PATCH at its first event, as this daemon
+                # starts; or our own status write has not come back through the watch yet. A pass on
+                # the version before either would only conflict: wait for the next one (bounded).
+                stale_since = stale_since if stale_since is not None else loop.time()
+                left = STALE_WAIT_S - (loop.time() - stale_since)
+                if left > 0:
+                    _stale[uid] = seen_rv
+                    await _sleep(wake_event, stopped, left)
+                    continue
+                if seen_rv in superseded:      # the watch lags that much: read the policy itself
+                    fresh = await asyncio.to_thread(kube().get_policy, namespace, name)
+                    if fresh is None:
+                        break
+            elif superseded:
+                superseded = frozenset()       # the watch has caught up with our writes
+            first, stale_since = False, None
             try:
-                requeue, wrote = await asyncio.to_thread(reconcile_once, raw, spec, error, status, snap)
-                if wrote is not None:
-                    written = (wrote[0] | (written[0] if written else frozenset()), wrote[1])
+                requeue, wrote, conflict = await _pass(namespace, name, fresh or body, indexes)
+                superseded |= wrote
+                if conflict:                   # the policy changed under us: re-plan on the version the watch brings
+                    if body["metadata"].get("resourceVersion") != seen_rv:
+                        requeue = 0            # (it came while the pass ran)
+                    else:
+                        _stale[uid] = seen_rv
+                        requeue = STALE_WAIT_S
             except Exception:  # noqa: BLE001 - the API or a bug: log, back off, try again
                 log.exception("reconcile of %s failed; retrying in %ss", key, ERROR_BACKOFF_S)
                 requeue = ERROR_BACKOFF_S
             if stopped:
                 break
-            waiters = [asyncio.ensure_future(wake_event.wait()), asyncio.ensure_future(stopped.wait())]
-            try:
-                await asyncio.wait(waiters, timeout=requeue, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+            if requeue == 0:
+                continue
+            await _sleep(wake_event, stopped, requeue)
     finally:
         _wakers.pop(uid, None)
         _seen.pop(uid, None)
-        _pending.discard(key)
+        _stale.pop(uid, None)
+        _pending.pop(key, None)
         if _uid_by_key.get(key) == uid:
             del _uid_by_key[key]
+
+
+async def _pass(namespace: str, name: str, body, indexes: tuple) -> tuple[float | None, frozenset[str], bool]:
+    """Parse the policy, copy what it may read from the caches (in the event loop, where Kopf
+    updates them), and run ``reconcile_once`` in a thread."""
+    raw = cache.cached(body)
+    spec, error = parse_spec(raw)
+    status = parse_status(raw)
+    snap = cache.Snapshot.of(namespace, name, spec, status.targets, *indexes)
+    requeue, wrote, conflict = await asyncio.to_thread(reconcile_once, raw, spec, error, status, snap)
+    return requeue, wrote[0] if wrote is not None else frozenset(), conflict
 
 
 # --- one reconcile --------------------------------------------------------------------------------
@@ -268,10 +313,11 @@ def _now() -> datetime:
 
 
 def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | None, status: LookaheadPolicyStatus,
-                   snap: cache.Snapshot) -> tuple[float | None, tuple[frozenset, dict] | None]:
+                   snap: cache.Snapshot) -> tuple[float | None, tuple[frozenset, dict] | None, bool]:
     """Passes over one policy until its phase settles, reading from the watched caches; the status
     is written after each pass that changed it. Returns (seconds until the next pass, or None to wait
-    for a change; the last object written, if any)."""
+    for a change; the last object written, if any; whether a status write conflicted with a newer
+    version of the policy)."""
     k = kube()
     view = cache.CachedView(k, snap)
     metrics.RECONCILES.inc()
@@ -297,7 +343,7 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
             if out is not None:
                 superseded.add(out[0])
                 body = out[1]
-            return ERROR_BACKOFF_S, (frozenset(superseded), body) if superseded else None
+            return ERROR_BACKOFF_S, (frozenset(superseded), body) if superseded else None, False
         new = _with_fact(plan.status, ConditionType.Reconciled, Fact(True, "Done", "the last pass's actions were "
                                                                       "carried out"), world)
         if new.phase != status.phase:
@@ -311,7 +357,7 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
             out = _write(k, body, status)
         except ApiException as exc:
             if exc.status == 409:  # the policy changed under us: the watch brings the new one; re-plan
-                return 0.5, (frozenset(superseded), body) if superseded else None
+                return None, (frozenset(superseded), body) if superseded else None, True
             raise
         if out is not None:
             superseded.add(out[0])
@@ -323,11 +369,12 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
         if not moved or requeue is None or requeue > 1.0:
             break
     if status.phase == Phase.Pending:
-        _pending.add(key)
+        _pending[key] = None if spec is not None and spec.targets.namespace_selector is not None \
+            and not spec.targets.namespaces else frozenset(snap.deployments)
     else:
-        _pending.discard(key)
+        _pending.pop(key, None)
     metrics.record_phase(key, status.phase)
-    return requeue, (frozenset(superseded), body) if superseded else None
+    return requeue, (frozenset(superseded), body) if superseded else None, False
 
 
 def _write(k: Kube, body: dict, status: LookaheadPolicyStatus) -> tuple[str, dict] | None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -49,16 +50,6 @@ def forget_created(kind: str, namespace: str, name: str) -> None:
     _recent.pop((kind, namespace, name), None)
 
 
-def _ignore(status: int, fn: Callable, *args, **kwargs):
-    kwargs.setdefault("_request_timeout", TIMEOUT)
-    try:
-        return fn(*args, **kwargs)
-    except ApiException as exc:
-        if exc.status == status:
-            return None
-        raise
-
-
 def selector_string(selector: dict | None) -> str:
     """A label selector (matchLabels + matchExpressions) as the API's query string."""
     parts: list[str] = []
@@ -80,16 +71,62 @@ def selector_string(selector: dict | None) -> str:
     return ",".join(parts)
 
 
+#: Concurrent connections to the API server kept open (the pass threads, the Event posters and
+#: spare): a smaller pool discards connections under load, and each new one is a TLS handshake.
+POOL_SIZE = int(os.environ.get("LOOKAHEAD_API_CONNECTIONS", "24"))
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+_APPS, _BATCH, _CORE = "/apis/apps/v1", "/apis/batch/v1", "/api/v1"
+
+
+def _policies_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{POLICY_PLURAL}"
+    return f"{path}/{name}" if name else path
+
+
 class Kube:
+    """The operator's requests to the API server, as plain JSON dicts in and out.
+
+    Requests go through the Kubernetes client's configuration, authentication and connection pool
+    (``ApiClient.param_serialize`` and its REST client) but not its generated API methods: those
+    validate every argument with pydantic and build typed models of every answer, which the
+    operator would only turn back into dicts; at hundreds of policies that was a fifth of the
+    operator's CPU. Errors are the client's ``ApiException`` (``status``, ``reason``, ``body``)."""
+
     def __init__(self, api_client: client.ApiClient | None = None):
-        self.api_client = api_client or client.ApiClient()
+        if api_client is None:
+            cfg = client.Configuration.get_default_copy()
+            cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, POOL_SIZE)
+            api_client = client.ApiClient(cfg)
+        self.api_client = api_client
         self.api_client.user_agent = USER_AGENT
         self._crd_checked: tuple[float, bool] | None = None
-        self.apps = client.AppsV1Api(self.api_client)
-        self.core = client.CoreV1Api(self.api_client)
-        self.batch = client.BatchV1Api(self.api_client)
-        self.custom = client.CustomObjectsApi(self.api_client)
-        self._sanitize = self.api_client.sanitize_for_serialization
+
+    # --- transport -------------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, query: dict | None = None, body=None,
+                content_type: str = "application/json", ignore: Iterable[int] = ()) -> dict | None:
+        """One bounded request; the answer's JSON, or None for a status in ``ignore``."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, _, _ = self.api_client.param_serialize(
+            method=method, resource_path=path, query_params=[(k, v) for k, v in (query or {}).items() if v],
+            header_params=headers, auth_settings=["BearerToken"])
+        resp = self.api_client.rest_client.request(method, url, headers=headers, body=body, _request_timeout=TIMEOUT)
+        data = resp.read()
+        if not 200 <= resp.status <= 299:
+            if resp.status in ignore:
+                return None
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return json.loads(data) if data else None
+
+    def _list(self, path: str, label_selector: str = "") -> list[dict]:
+        out = self.request("GET", path, query={"labelSelector": label_selector}) or {}
+        kind = (out.get("kind") or "").removesuffix("List")
+        items = out.get("items") or []
+        for item in items:  # list items come without their kind (our builders and readers expect it)
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", out.get("apiVersion"))
+        return items
 
     # --- reads -----------------------------------------------------------------------------------
     def target_namespaces(self, policy_namespace: str, namespace_selector, namespaces: list[str] | None) -> list[str]:
@@ -98,9 +135,8 @@ class Kube:
         if namespaces:
             return sorted(namespaces)
         if namespace_selector is not None:
-            items = self.core.list_namespace(label_selector=namespace_selector.to_label_selector_string(),
-                                             _request_timeout=TIMEOUT).items
-            return sorted(ns.metadata.name for ns in items)
+            items = self._list(f"{_CORE}/namespaces", namespace_selector.to_label_selector_string())
+            return sorted(ns["metadata"]["name"] for ns in items)
         return [policy_namespace]
 
     def deployments(self, namespaces: Iterable[str], selector) -> list[dict]:
@@ -108,8 +144,7 @@ class Kube:
         sel = selector.to_label_selector_string() if selector is not None else ""
         out: list[dict] = []
         for ns in namespaces:
-            for d in self.apps.list_namespaced_deployment(ns, label_selector=sel, _request_timeout=TIMEOUT).items:
-                body = self._sanitize(d)
+            for body in self._list(f"{_APPS}/namespaces/{ns}/deployments", sel):
                 labels = body["metadata"].get("labels") or {}
                 if labels.get(b.LABEL_MANAGED_BY) == b.MANAGED_BY:
                     continue  # never treat our own canary/control as fleet
@@ -117,8 +152,7 @@ class Kube:
         return out
 
     def get_deployment(self, namespace: str, name: str) -> dict | None:
-        d = _ignore(404, self.apps.read_namespaced_deployment, name, namespace)
-        return self._sanitize(d) if d is not None else None
+        return self.request("GET", f"{_APPS}/namespaces/{namespace}/deployments/{name}", ignore=(404,))
 
     fresh_deployment = get_deployment  # (a cached view reads the API for this one)
 
@@ -128,63 +162,60 @@ class Kube:
 
     def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_MANAGED_BY}={b.MANAGED_BY}"
-        items = self.apps.list_deployment_for_all_namespaces(label_selector=sel, _request_timeout=TIMEOUT).items
-        return [self._sanitize(d) for d in items if (d.metadata.labels or {}).get(b.LABEL_ROLE) in b.ROLES]
+        return [d for d in self._list(f"{_APPS}/deployments", sel)
+                if (d["metadata"].get("labels") or {}).get(b.LABEL_ROLE) in b.ROLES]
 
     def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}={role}"
-        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel, _request_timeout=TIMEOUT).items]
+        return self._list(f"{_CORE}/namespaces/{namespace}/pods", sel)
 
     def pods(self, namespace: str, selector: dict | None) -> list[dict]:
-        sel = selector_string(selector)
-        return [self._sanitize(p) for p in self.core.list_namespaced_pod(namespace, label_selector=sel, _request_timeout=TIMEOUT).items]
+        return self._list(f"{_CORE}/namespaces/{namespace}/pods", selector_string(selector))
 
     def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}=loadgen"
-        return [self._sanitize(j) for j in self.batch.list_job_for_all_namespaces(label_selector=sel, _request_timeout=TIMEOUT).items]
+        return self._list(f"{_BATCH}/jobs", sel)
 
     def get_policy(self, namespace: str, name: str) -> dict | None:
-        return _ignore(404, self.custom.get_namespaced_custom_object, *POLICY_API, namespace, POLICY_PLURAL, name)
+        return self.request("GET", _policies_path(namespace, name), ignore=(404,))
 
     # --- writes ------------------------------------------------------------------------------------
     def replace_policy_status(self, body: dict) -> dict:
         """Write the status subresource by replacement, with the body's resourceVersion: keys absent
         from the new status disappear, and a concurrent change answers 409 instead of being lost."""
         meta = body["metadata"]
-        return self.custom.replace_namespaced_custom_object_status(
-            *POLICY_API, meta["namespace"], POLICY_PLURAL, meta["name"], body, _request_timeout=TIMEOUT)
+        return self.request("PUT", _policies_path(meta["namespace"], meta["name"]) + "/status", body=body)
 
     def patch_deployment(self, namespace: str, name: str, patch: dict) -> None:
-        self.apps.patch_namespaced_deployment(name, namespace, patch, _request_timeout=TIMEOUT)
+        self.request("PATCH", f"{_APPS}/namespaces/{namespace}/deployments/{name}", body=patch,
+                     content_type=STRATEGIC_MERGE)
 
     def replace_deployment(self, body: dict) -> None:
         meta = body["metadata"]
-        self.apps.replace_namespaced_deployment(meta["name"], meta["namespace"], body, _request_timeout=TIMEOUT)
+        self.request("PUT", f"{_APPS}/namespaces/{meta['namespace']}/deployments/{meta['name']}", body=body)
 
     def create_if_absent(self, body: dict) -> bool:
         ns = body["metadata"]["namespace"]
         kind = body["kind"]
-        try:
-            if kind == "Deployment":
-                self.apps.create_namespaced_deployment(ns, body, _request_timeout=TIMEOUT)
-            elif kind == "Job":
-                self.batch.create_namespaced_job(ns, body, _request_timeout=TIMEOUT)
-            elif kind == "PodMonitor":
-                self.custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "podmonitors", body, _request_timeout=TIMEOUT)
-            else:
-                raise ValueError(f"cannot create {kind}")
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True
+        if kind == "Deployment":
+            path = f"{_APPS}/namespaces/{ns}/deployments"
+        elif kind == "Job":
+            path = f"{_BATCH}/namespaces/{ns}/jobs"
+        elif kind == "PodMonitor":
+            path = f"/apis/monitoring.coreos.com/v1/namespaces/{ns}/podmonitors"
+        else:
+            raise ValueError(f"cannot create {kind}")
+        return self.request("POST", path, body=body, ignore=(409,)) is not None
+
+    def _delete(self, path: str) -> None:
+        self.request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
+                                           "propagationPolicy": "Background"}, ignore=(404,))
 
     def delete_role_deployments(self, policy_ns: str, policy_name: str) -> int:
         n = 0
         for d in self.role_deployments(policy_ns, policy_name):
             meta = d["metadata"]
-            _ignore(404, self.apps.delete_namespaced_deployment, meta["name"], meta["namespace"],
-                    propagation_policy="Background")
+            self._delete(f"{_APPS}/namespaces/{meta['namespace']}/deployments/{meta['name']}")
             forget_created("Deployment", meta["namespace"], meta["name"])
             n += 1
         return n
@@ -195,34 +226,31 @@ class Kube:
             meta = j["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
-            _ignore(404, self.batch.delete_namespaced_job, meta["name"], meta["namespace"],
-                    propagation_policy="Background")
+            self._delete(f"{_BATCH}/namespaces/{meta['namespace']}/jobs/{meta['name']}")
             forget_created("Job", meta["namespace"], meta["name"])
             n += 1
         return n
 
     def has_pod_monitor_crd(self) -> bool:
         """Whether the Prometheus Operator's PodMonitor CRD exists (looked up at most once a minute)."""
-        import time
         if self._crd_checked and time.monotonic() - self._crd_checked[0] < 60:
             return self._crd_checked[1]
-        ext = client.ApiextensionsV1Api(self.api_client)
-        found = _ignore(404, ext.read_custom_resource_definition, "podmonitors.monitoring.coreos.com") is not None
+        found = self.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                                    "podmonitors.monitoring.coreos.com", ignore=(404,)) is not None
         self._crd_checked = (time.monotonic(), found)
         return found
 
     def event(self, policy: dict, type_: str, reason: str, message: str, component: str = "lookahead-operator") -> None:
         from datetime import datetime, timezone
         meta = policy["metadata"]
-        now = datetime.now(timezone.utc)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
-            involved_object=client.V1ObjectReference(api_version=policy.get("apiVersion"), kind=policy.get("kind"),
-                                                     name=meta["name"], namespace=meta["namespace"],
-                                                     uid=meta.get("uid")),
-            reason=reason, message=message[:1024], type=type_, first_timestamp=now, last_timestamp=now, count=1,
-            source=client.V1EventSource(component=component))
-        self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=TIMEOUT)
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": policy.get("apiVersion"), "kind": policy.get("kind"),
+                                   "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+                "reason": reason, "message": message[:1024], "type": type_, "firstTimestamp": now,
+                "lastTimestamp": now, "count": 1, "source": {"component": component}}
+        self.request("POST", f"{_CORE}/namespaces/{meta['namespace']}/events", body=body)
 
 
 def dumps_compact(obj) -> str:

@@ -1,0 +1,364 @@
+"""The watched caches' pure logic: what the indexes keep of each object (``cache.slim_*``), what a
+pass reads from them (``cache.Snapshot``, ``cache.CachedView``), which events wake which policy
+(``handlers.wake``, ``handlers.wake_on_deployment``), and the raw JSON transport of ``kube.Kube``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from lookahead_operator import api, builders as b, cache, fleet, handlers, kube, loadjobs, measure
+from lookahead_operator.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
+
+POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
+          "metadata": {"name": "bench", "namespace": "team-a", "uid": "u-1", "generation": 2}}
+MANAGED = [{"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+
+
+def target(ns="team-a", name="llm", labels=None, annotations=None, **status):
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}", "generation": 3,
+                     "resourceVersion": "17", "labels": labels or {"app": "llm"},
+                     "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}", **(annotations or {})},
+                     "managedFields": MANAGED, "creationTimestamp": "2026-12-01T08:00:00Z"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "llm"}},
+                 "template": {"metadata": {"labels": {"app": "llm"}},
+                              "spec": {"containers": [{"name": "engine", "image": "local/reference-engine",
+                                                       "command": ["python3", "-m", "lookahead_canary.server"],
+                                                       "args": ["--port", "8000", "--max-num-seqs", "16"],
+                                                       "ports": [{"name": "http", "containerPort": 8000}]}]}}},
+        "status": {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+                   "availableReplicas": 2, "collisionCount": 0,
+                   "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+                                   "message": "ok", "lastUpdateTime": "2026-12-01T08:00:00Z",
+                                   "lastTransitionTime": "2026-12-01T08:00:00Z"}], **status},
+    }
+
+
+def role(role_name="canary", ns="team-a", policy=POLICY):
+    d = b.build_role_deployment(target(ns), policy, role_name, 1, lambda c: c, lambda c: c["name"] == "engine")
+    d["metadata"].update(uid=f"uid-{role_name}", resourceVersion="20", generation=1, managedFields=MANAGED)
+    d["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}
+    return d
+
+
+def pod(role_name="canary", ns="team-a", name=None, ready=True, ip="10.0.0.7"):
+    labels = {api.LABEL_POLICY: "bench", api.LABEL_POLICY_NAMESPACE: "team-a", api.LABEL_ROLE: role_name}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name or f"bench-{role_name}-abc", "namespace": ns, "labels": labels, "uid": "p",
+                     "managedFields": MANAGED, "ownerReferences": [{"kind": "ReplicaSet", "name": "rs"}]},
+        "spec": {"containers": [{"name": "engine", "image": "x", "args": ["--port", "9000"],
+                                 "ports": [{"name": "http", "containerPort": 9000}],
+                                 "volumeMounts": [{"name": "kube-api-access", "mountPath": "/var/run"}]}],
+                 "volumes": [{"name": "kube-api-access", "projected": {"sources": []}}],
+                 "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}]},
+        "status": {"phase": "Running", "podIP": ip, "hostIP": "10.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                   "lastTransitionTime": "2026-12-01T08:00:00Z"}],
+                   "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": 0}]},
+    }
+
+
+def job(run="3", drives="promoted"):
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": f"bench-load-{drives}", "namespace": "team-a", "managedFields": MANAGED,
+                     "creationTimestamp": "2026-12-01T08:00:00Z",
+                     "labels": {api.LABEL_POLICY: "bench", api.LABEL_POLICY_NAMESPACE: "team-a",
+                                api.LABEL_ROLE: "loadgen", api.LABEL_RUN: run, api.LABEL_DRIVES: drives,
+                                api.LABEL_POD: "llm-abc"}},
+        "spec": {"template": {"spec": {"containers": [{"name": "load", "image": "x", "args": ["--many"] * 50}]}}},
+        "status": {"active": 1, "startTime": "2026-12-01T08:00:01Z", "uncountedTerminatedPods": {}},
+    }
+
+
+# --- what the indexes keep -----------------------------------------------------------------------
+
+def test_slim_deployment_keeps_what_fleet_and_builders_read():
+    full = target(annotations={api.ANNOTATION_OWNER: "team-a/bench", api.ANNOTATION_ORIGINAL_TEMPLATE: "{}"})
+    slim = cache.slim_deployment(full)
+    assert "managedFields" not in slim["metadata"]
+    assert "kubectl.kubernetes.io/last-applied-configuration" not in slim["metadata"]["annotations"]
+    assert slim["spec"] == full["spec"]  # a target's template is what canary and control are cloned from
+    assert slim["status"]["conditions"] == [{"type": "Progressing", "status": "True",
+                                             "reason": "NewReplicaSetAvailable", "message": "ok"}]
+    assert fleet.target_of(slim, "auto") == fleet.target_of(full, "auto")
+    assert fleet.engine_max_batch(slim, "reference") == fleet.engine_max_batch(full, "reference") == 16
+    assert b.build_role_deployment(slim, POLICY, "canary", 1, lambda c: c, lambda c: c["name"] == "engine") == \
+        b.build_role_deployment(full, POLICY, "canary", 1, lambda c: c, lambda c: c["name"] == "engine")
+    assert full["metadata"]["managedFields"] == MANAGED  # the watched object itself is left alone
+
+
+@pytest.mark.parametrize("status", [
+    {"observedGeneration": 2, "readyReplicas": 2},  # not observed yet
+    {"readyReplicas": 1},
+    {"conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                     "message": "deadline exceeded", "lastUpdateTime": "x"}]},
+])
+def test_slim_deployment_reads_the_same_rollout_state(status):
+    full = target(**status)
+    slim = cache.slim_deployment(full)
+    assert fleet.deployment_ready(slim) == fleet.deployment_ready(full)
+    assert fleet.rollout_failed(slim) == fleet.rollout_failed(full)
+
+
+def test_slim_deployment_of_our_own_role_drops_the_template():
+    full = role("control")
+    slim = cache.slim_deployment(full)
+    assert "template" not in slim["spec"] and slim["spec"]["replicas"] == 1
+    assert slim["metadata"]["labels"] == full["metadata"]["labels"]
+    assert fleet.deployment_ready(slim) is fleet.deployment_ready(full) is True
+    assert "template" in full["spec"]
+
+
+def test_slim_pod_and_job_keep_what_load_jobs_and_the_guard_read():
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "llm"}}},
+                                               "engine": "reference", "load": {"batchSizes": [1, 8]}})
+    pods = {"canary": [pod("canary")], "control": [pod("control", ip="10.0.0.8"), pod("control", name="x", ready=False)]}
+    slim = {r: [cache.slim_pod(p) for p in ps] for r, ps in pods.items()}
+    assert "volumes" not in slim["canary"][0]["spec"] and "managedFields" not in slim["canary"][0]["metadata"]
+    assert loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim) == \
+        loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, pods)
+    assert len(loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim)) == 2
+    j = cache.slim_job(job())
+    assert "spec" not in j and j["status"] == {"active": 1, "startTime": "2026-12-01T08:00:01Z", "conditions": []}
+    # the guard finds its Job by labels and starts from its creation time
+    status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3}})
+    now = datetime(2026, 12, 1, 8, 0, 3, tzinfo=timezone.utc)  # before the first window: nothing is queried
+    check = measure.guard(spec, ("team-a", "bench"), status, now, [cache.slim_job(job(drives="control")), j])
+    assert check.enough_data is False and "waiting for the guard load" not in check.message
+
+
+# --- what a pass reads ---------------------------------------------------------------------------
+
+class FakeKube:
+    def __init__(self):
+        self.created = []
+
+    def create_if_absent(self, body):
+        self.created.append((body["kind"], body["metadata"]["namespace"], body["metadata"]["name"]))
+        return True
+
+    def get_deployment(self, namespace, name):
+        return {"fresh": True}
+
+
+def view(deployments=(), pods=(), jobs=(), namespaces=None):
+    snap = cache.Snapshot(namespaces=namespaces or {}, pods=list(pods), jobs=list(jobs))
+    for d in deployments:
+        snap.deployments.setdefault(d["metadata"]["namespace"], []).append(cache.slim_deployment(d))
+    return cache.CachedView(FakeKube(), snap)
+
+
+def test_deployments_match_the_selector_never_our_own_and_are_sorted():
+    v = view([target(name="z"), target(name="a"), target(name="other", labels={"app": "db"}), role("canary"),
+              target("team-b", "llm")])
+    sel = LabelSelector.model_validate({"matchLabels": {"app": "llm"}})
+    assert [d["metadata"]["name"] for d in v.deployments(["team-a"], sel)] == ["a", "z"]
+    assert [d["metadata"]["name"] for d in v.deployments(["team-a"], None)] == ["a", "other", "z"]
+    assert [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in v.deployments(["team-b", "team-a"], sel)] \
+        == [("team-a", "a"), ("team-a", "z"), ("team-b", "llm")]
+    assert v.get_deployment("team-a", "z")["metadata"]["name"] == "z"
+    assert v.get_deployment("team-a", "nope") is None
+    assert v.fresh_deployment("team-a", "z") == {"fresh": True}  # read through before a write
+
+
+def test_role_deployments_pair_policy_name_and_namespace():
+    other = dict(POLICY, metadata={**POLICY["metadata"], "namespace": "team-b"})
+    deleting = role("control")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T08:00:00Z"
+    v = view([role("canary"), deleting, role("canary", ns="team-b", policy=other), target()])
+    assert [d["metadata"]["labels"][api.LABEL_ROLE] for d in v.role_deployments("team-a", "bench")] == ["canary"]
+    assert len(v.role_deployments("team-b", "bench")) == 1
+    assert v.role_deployments("team-c", "bench") == []
+
+
+def test_role_pods_and_load_jobs():
+    v = view(pods=[cache.slim_pod(pod("canary")), cache.slim_pod(pod("control")),
+                   cache.slim_pod(pod("canary", ns="elsewhere"))], jobs=[cache.slim_job(job())])
+    assert [p["metadata"]["labels"][api.LABEL_ROLE] for p in v.role_pods("team-a", "team-a", "bench", "canary")] \
+        == ["canary"]
+    assert [j["metadata"]["name"] for j in v.load_jobs("team-a", "bench")] == ["bench-load-promoted"]
+
+
+def test_create_if_absent_skips_what_the_cache_or_a_recent_create_holds():
+    v = view([role("canary")], jobs=[cache.slim_job(job())])
+    assert v.create_if_absent(role("canary")) is False                      # in the cache
+    assert v.create_if_absent({"kind": "Job", "metadata": {"namespace": "team-a", "name": "bench-load-promoted"}}) \
+        is False
+    control = role("control")
+    name = control["metadata"]["name"]
+    kube.forget_created("Deployment", "team-a", name)
+    try:
+        assert v.create_if_absent(control) is True
+        assert v.k.created == [("Deployment", "team-a", name)]
+        assert v.create_if_absent(control) is False                        # created moments ago: not again
+        assert v.k.created == [("Deployment", "team-a", name)]
+    finally:
+        kube.forget_created("Deployment", "team-a", name)
+
+
+def test_snapshot_takes_what_one_policy_needs():
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "llm"}}},
+                                               "engine": "reference"})
+    deployments = {"team-a": [target()], "team-b": [target("team-b")], "old": [target("old")]}
+    namespaces = {"team-a": [{"env": "prod"}], "team-b": [{"env": "prod"}], "old": [{}]}
+    pods = {("team-a", "bench"): [pod()], ("team-b", "bench"): [pod(ns="team-b")]}
+    jobs = {("team-a", "bench"): [job()]}
+    status_targets = [type("Row", (), {"namespace": "old"})()]
+    snap = cache.Snapshot.of("team-a", "bench", spec, status_targets, namespaces, deployments, pods, jobs)
+    assert set(snap.deployments) == {"team-a", "old"}   # its own namespace, and where its targets were
+    assert snap.namespaces == {}                        # no namespace selector: labels not copied
+    assert len(snap.pods) == 1 and snap.pods[0]["metadata"]["namespace"] == "team-a" and len(snap.jobs) == 1
+    by_labels = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "llm"}},
+                                                                "namespaceSelector": {"matchLabels": {"env": "prod"}}},
+                                                    "engine": "reference"})
+    snap = cache.Snapshot.of("team-a", "bench", by_labels, [], namespaces, deployments, pods, {})
+    assert set(snap.deployments) == {"team-a", "team-b"} and snap.jobs == []
+    assert cache.CachedView(FakeKube(), snap).target_namespaces("team-a", by_labels.targets.namespace_selector,
+                                                                None) == ["team-a", "team-b"]
+    assert cache.CachedView.select_namespaces({}, "team-a", None, ["z", "y"]) == ["y", "z"]
+    assert cache.Snapshot.of("team-a", "bench", None, [], {}, {}, {}, {}).deployments == {"team-a": []}
+
+
+# --- which events wake which policy --------------------------------------------------------------
+
+@pytest.fixture
+def daemons():
+    """Three policies' daemons as ``handlers.run`` registers them, waiting."""
+    saved = (dict(handlers._wakers), dict(handlers._uid_by_key), dict(handlers._pending), dict(handlers._stale),
+             dict(handlers._seen))
+    events = {}
+    for key in ("team-a/bench", "team-b/bench", "team-c/bench"):
+        uid = f"uid-{key}"
+        handlers._uid_by_key[key] = uid
+        events[key] = handlers._wakers[uid] = asyncio.Event()
+    yield events
+    for live, old in zip((handlers._wakers, handlers._uid_by_key, handlers._pending, handlers._stale, handlers._seen),
+                         saved):
+        live.clear()
+        live.update(old)
+
+
+def _woken(events):
+    out = {k for k, e in events.items() if e.is_set()}
+    for e in events.values():
+        e.clear()
+    return out
+
+
+def test_a_new_deployment_wakes_only_pending_policies_searching_its_namespace(daemons):
+    handlers._pending.update({"team-a/bench": frozenset({"team-a"}), "team-c/bench": None})
+    asyncio.run(handlers.wake_on_deployment(meta={"namespace": "team-a", "labels": {"app": "llm"}}))
+    assert _woken(daemons) == {"team-a/bench", "team-c/bench"}  # team-c's searches by namespace labels
+    asyncio.run(handlers.wake_on_deployment(meta={"namespace": "team-z", "labels": {"app": "llm"}}))
+    assert _woken(daemons) == {"team-c/bench"}
+
+
+def test_our_deployments_and_claimed_targets_wake_their_policy(daemons):
+    handlers._pending.update({"team-c/bench": None})
+    labels = {api.LABEL_POLICY: "bench", api.LABEL_POLICY_NAMESPACE: "team-b", api.LABEL_ROLE: "canary"}
+    asyncio.run(handlers.wake_on_deployment(meta={"namespace": "team-b", "labels": labels}))
+    assert _woken(daemons) == {"team-b/bench"}
+    asyncio.run(handlers.wake_on_deployment(meta={"namespace": "x", "labels": {},
+                                                  "annotations": {api.ANNOTATION_OWNER: "team-a/bench"}}))
+    assert _woken(daemons) == {"team-a/bench"}
+
+
+def test_a_policy_wakes_on_spec_or_gates_and_on_a_newer_version_when_waiting_for_one(daemons):
+    uid = "uid-team-a/bench"
+    meta = {"uid": uid, "generation": 1, "resourceVersion": "5", "annotations": {}}
+    asyncio.run(handlers.wake(meta=meta))
+    assert _woken(daemons) == {"team-a/bench"}                  # first sight
+    asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "6"}))
+    assert _woken(daemons) == set()                             # a status write: nothing to do
+    handlers._stale[uid] = "6"                                  # the daemon waits for a version newer than 6
+    asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "6"}))
+    assert _woken(daemons) == set()
+    asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "7"}))
+    assert _woken(daemons) == {"team-a/bench"} and uid not in handlers._stale
+    asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "8", "annotations": {api.ANNOTATION_APPROVE: "d1"}}))
+    assert _woken(daemons) == {"team-a/bench"}                  # a gate
+
+
+def test_no_diff_base_is_kept():
+    storage = handlers._NoDiffBase()
+    assert storage.build(body=POLICY) == {} and storage.fetch(body=POLICY) == {}
+    assert storage.store(body=POLICY, patch=None, essence={"spec": {}}) is None
+
+
+# --- the raw JSON transport ----------------------------------------------------------------------
+
+class FakeResponse:
+    def __init__(self, status, payload, reason="OK"):
+        self.status, self.reason = status, reason
+        self.data = json.dumps(payload).encode() if payload is not None else b""
+        self.headers = {}
+
+    def read(self):
+        return self.data
+
+
+class FakeRest:
+    def __init__(self, *responses):
+        self.responses = list(responses)
+        self.calls = []
+
+    def request(self, method, url, headers=None, body=None, _request_timeout=None):
+        self.calls.append((method, url, headers, body, _request_timeout))
+        return self.responses.pop(0)
+
+
+def fake_kube(*responses):
+    from kubernetes import client
+
+    cfg = client.Configuration(host="https://apiserver:6443", api_key={"BearerToken": "Bearer t0k"})
+    k = kube.Kube(client.ApiClient(cfg))
+    k.api_client.rest_client = FakeRest(*responses)
+    return k
+
+
+def test_requests_are_plain_json_with_auth_user_agent_and_a_bound():
+    k = fake_kube(FakeResponse(200, {"kind": "DeploymentList", "apiVersion": "apps/v1",
+                                     "items": [{"metadata": {"name": "a"}}]}))
+    items = k.role_deployments("team-a", "bench")
+    assert items == []  # (no role label: not ours)
+    method, url, headers, body, timeout = k.api_client.rest_client.calls[0]
+    assert method == "GET" and body is None and timeout == kube.TIMEOUT
+    assert url.startswith("https://apiserver:6443/apis/apps/v1/deployments?labelSelector=")
+    from lookahead_dev.bench_operator import _POLICY_NS  # (what the benchmark attributes requests by)
+    assert _POLICY_NS.search(url).group(1) == "team-a"
+    assert headers["User-Agent"] == kube.USER_AGENT and headers["authorization"] == "Bearer t0k"
+
+
+def test_list_items_get_their_kind_and_patches_are_strategic_merges():
+    k = fake_kube(FakeResponse(200, {"kind": "PodList", "apiVersion": "v1", "items": [{"metadata": {"name": "p"}}]}),
+                  FakeResponse(200, {"kind": "Deployment"}))
+    assert k.pods("team-a", {"matchLabels": {"app": "llm"}}) == [{"metadata": {"name": "p"}, "kind": "Pod",
+                                                                  "apiVersion": "v1"}]
+    k.patch_deployment("team-a", "llm", {"metadata": {"annotations": {"x": None}}})
+    method, url, headers, body, _ = k.api_client.rest_client.calls[1]
+    assert (method, url) == ("PATCH", "https://apiserver:6443/apis/apps/v1/namespaces/team-a/deployments/llm")
+    assert headers["Content-Type"] == kube.STRATEGIC_MERGE and body == {"metadata": {"annotations": {"x": None}}}
+
+
+def test_errors_are_api_exceptions_and_expected_ones_are_answers():
+    from kubernetes.client.rest import ApiException
+
+    k = fake_kube(FakeResponse(404, {"kind": "Status", "code": 404}, "Not Found"),
+                  FakeResponse(409, {"kind": "Status", "code": 409}, "Conflict"),
+                  FakeResponse(409, {"kind": "Status", "code": 409}, "Conflict"),
+                  FakeResponse(201, {"kind": "Deployment"}))
+    assert k.get_deployment("team-a", "gone") is None
+    assert k.create_if_absent(role("canary")) is False        # exists already
+    with pytest.raises(ApiException) as exc:
+        k.replace_policy_status({**POLICY, "status": {}})
+    assert exc.value.status == 409 and "Conflict" in kube.api_message(exc.value)
+    assert k.create_if_absent(role("control")) is True
+    assert k.api_client.rest_client.calls[2][1].endswith("/apis/lookahead.dev/v1alpha1/namespaces/team-a/"
+                                                         "lookaheadpolicies/bench/status")
