@@ -48,13 +48,15 @@ from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 from . import engines
 from .engines import MetricNames
 
-# both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and 2 and loses at 8
-# (docs/benchmarks/engine-cpu.md); a size near the crossover (4) takes most of the budget to settle
-DEFAULT_BATCH_SIZES = (1, 2, 8)
+# both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and loses at 8
+# (docs/benchmarks/engine-cpu.md); every size in between takes its share of the 10 minutes, and
+# one near the crossover (4) takes all of it without settling
+DEFAULT_BATCH_SIZES = (1, 8)
 # requests per role in a round, at least: lookahead's gain differs from prompt to prompt (a prompt
 # whose answer copies code from it gains 3-8x, prose none), so a pair of rounds measures a mix of
-# prompts, not one (measured: 4-prompt rounds carry about twice the information per second)
-MIN_ROUND_REQUESTS = 4
+# prompts, not one (measured at batch 1: single-prompt pairs' log-ratios spread -3..+0.7, 4-prompt
+# pairs' -0.8..+0.1, about twice the information per second; 8 prompts, half the set of 16)
+MIN_ROUND_REQUESTS = 8
 # torch threads per local engine: one core for the engine under test (the roles take turns), the
 # other for the load generator and whatever else runs on the machine; a second thread buys little
 # on 2 cores (a greedy step: 65 ms either way) and makes every step erratic when another process
