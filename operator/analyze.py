@@ -539,10 +539,14 @@ ProgressFn = Callable[[str], None]
 
 async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
                          prompts: Sequence[Prompt], c: int, cfg: AnalyzeConfig, thresholds, m: MetricNames,
-                         budget_s: float, log: ProgressFn) -> BatchResult:
-    res = BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
+                         budget_s: float, log: ProgressFn, res: BatchResult | None = None) -> BatchResult:
+    """Measure batch size ``c`` in rounds until its verdict is settled or ``budget_s`` is spent;
+    with ``res``, go on from that earlier measurement (the confidence sequences are valid at every
+    sample count, so measuring on is as valid as having measured longer the first time)."""
+    res = res or BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
     t0 = time.monotonic()
-    offset = 0
+    offset = max(len(res.control.requests), len(res.canary.requests))
+    cancelled_before = res.control.cancelled + res.canary.cancelled
     per_round = max(c * cfg.requests_per_worker, MIN_ROUND_REQUESTS) if cfg.requests_per_worker else None
     last_round_s = 0.0
     while True:
@@ -586,7 +590,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         if res.verdict.settled(thresholds):
             res.stopped = "settled"
             break
-        if res.control.cancelled or res.canary.cancelled:
+        if res.control.cancelled + res.canary.cancelled > cancelled_before:
             res.stopped = f"time budget ({budget_s:.0f} s; requests in flight cancelled)"
             break
         if res.rounds >= cfg.max_rounds:
@@ -595,7 +599,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         if elapsed + last_round_s > budget_s:
             res.stopped = f"time budget ({budget_s:.0f} s)"
             break
-    res.seconds = time.monotonic() - t0
+    res.seconds += time.monotonic() - t0
     return res
 
 
@@ -658,6 +662,16 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
                 log(f"{d.action.value} is settled at batch {c}: batch sizes {batch_sizes[i + 1:]} cannot change it, "
                     "not measured")
                 break
+        # time that batch sizes settled early left over goes to those still Pending, smallest first
+        # (a busy machine makes rounds slower; the time limit, not the share, is what binds)
+        for res in results:
+            remaining = total - (time.monotonic() - t0)
+            per_round_s = res.seconds / max(res.rounds, 1)
+            if res.outcome != "Pending" or res.rounds >= cfg.max_rounds or remaining < per_round_s:
+                continue
+            log(f"batch {res.batch_size}: measuring on with the {remaining:.0f} s the other batch sizes left")
+            await _measure_batch(client, urls, models, prompts, res.batch_size, cfg, thresholds, m, remaining, log,
+                                 res=res)
         return results
 
 
