@@ -272,9 +272,10 @@ def print_summary(data: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"lookahead vs greedy: {data['model']} ({data['backend']})", box=box.SIMPLE_HEAD,
-              padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
+              padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True,
+              caption="n: control/canary round pairs; CI: confidence interval, percent")
     for col in ("batch", "control\nms/tok", "canary\nms/tok", "latency\nchange [CI]",
-                "throughput\nchange [CI]", "acc.\nlen.", "verdict", "pairs"):
+                "throughput\nchange [CI]", "acc.\nlen.", "verdict", "n"):
         t.add_column(col, justify="right", no_wrap=True)
     style = {"Wins": "green", "Regresses": "red", "NoGain": "yellow", "Pending": "dim"}
     for r in data["batches"]:
