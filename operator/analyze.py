@@ -246,7 +246,6 @@ class RoleMeasurement:
     batch_size: int
     requests: list[RequestResult] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
-    interval_s: float = DEFAULT_INTERVAL_S
     windows: list[tuple[float, float]] = field(default_factory=list)
     output_tokens: int = 0
     seconds: float = 0.0
@@ -265,20 +264,23 @@ class RoleMeasurement:
             self.client_warnings.append(f"round {len(self.windows)}: " + "; ".join(step.client.reasons))
 
     @property
-    def interval_tokens_per_s(self) -> list[float]:
-        """Throughput samples: output tokens/s per ``interval_s`` of each round's steady phase.
-        Rounds with requests cancelled at the time limit are left out (the client does not know
-        how many tokens those produced, so their intervals would read low)."""
-        out: list[float] = []
-        for st in self.steps:
-            if st.cancelled:
-                continue
-            out += loadgen.interval_rates(st.requests, st.start, st.steady_end or st.end, self.interval_s)
-        return out
+    def round_per_token_s(self) -> list[float | None]:
+        """One per-token latency per round (`round_per_token_s`; None where a round has none):
+        what the paired test reads, and what the report's means and error bars show."""
+        return [round_per_token_s(st) for st in self.steps]
+
+    @property
+    def round_tokens_per_s(self) -> list[float | None]:
+        """One throughput per round (`round_tokens_per_s`; None for a round cut at the limit)."""
+        return [round_tokens_per_s(st) for st in self.steps]
 
     @property
     def per_token_s(self) -> list[float]:
-        return [r.per_token_s for r in self.requests if r.ok and r.per_token_s is not None]
+        return [x for x in self.round_per_token_s if x is not None]
+
+    @property
+    def interval_tokens_per_s(self) -> list[float]:
+        return [x for x in self.round_tokens_per_s if x is not None]
 
     @property
     def errors(self) -> list[str]:
@@ -314,7 +316,6 @@ class RoleMeasurement:
             "intervalTokensPerSecondMean": tps_mean,
             "intervalTokensPerSecondCI95": tps_ci,
             "throughputSamples": len(self.interval_tokens_per_s),
-            "throughputIntervalSeconds": self.interval_s,
             "ttftMs": 1e3 * statistics.fmean(ttft) if ttft else None,
             "serverPerTokenMs": None if server_ptl is None else 1e3 * server_ptl,
             "serverGeneratedTokens": self.server.get(m.generation_tokens),
@@ -325,17 +326,6 @@ class RoleMeasurement:
             "clientWarnings": self.client_warnings,
             "errorSamples": self.errors[:3],
         }
-
-
-def choose_interval(control: RoleMeasurement, canary: RoleMeasurement, minimum: float) -> float:
-    """The throughput sample interval: at least ``minimum``, and at least four times the 90th
-    percentile of the gap between streamed chunks of either role."""
-    gaps = loadgen.chunk_gaps(r for r in control.requests + canary.requests if r.ok)
-    if not gaps:
-        return minimum
-    gaps.sort()
-    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
-    return max(minimum, round(4 * p90, 2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,8 +382,8 @@ def compare(control: RoleMeasurement, canary: RoleMeasurement, thresholds) -> tu
     lat = PairedComparison.for_latency(thresholds)
     tp = PairedComparison.for_throughput(thresholds)
     for role, meas in (("control", control), ("canary", canary)):
-        lat.add(role, [round_per_token_s(st) for st in meas.steps])
-        tp.add(role, [round_tokens_per_s(st) for st in meas.steps])
+        lat.add(role, meas.round_per_token_s)
+        tp.add(role, meas.round_tokens_per_s)
     return lat.result(), tp.result()
 
 
@@ -519,11 +509,12 @@ class AnalyzeResult:
                 "minSamples": self.thresholds.min_samples,
             },
             "method": {
-                "latencySamples": "per request: (last token - first token) / (usage completion_tokens - 1), client-side",
-                "throughputSamples": (f"output tokens/s per interval of each round's steady phase (at least "
-                                      f"{self.config.interval_s:g} s, and 4x the 90th percentile of the gap between "
-                                      "streamed chunks; tokens placed at their chunks' arrival times)"),
-                "statistics": "anytime-valid normal-mixture confidence sequence on the log ratio of means",
+                "latencySamples": ("per round and role: summed (last token - first token) over summed "
+                                   "(usage completion_tokens - 1) of the round's requests, client-side"),
+                "throughputSamples": "per round and role: output tokens / the round's wall time",
+                "statistics": ("paired: round i of the control and of the canary form one pair; anytime-valid "
+                               "confidence sequences on the pairs (statistics.PairedComparison), each test at "
+                               "its share of the decision's confidence"),
             },
             "engines": self.engines,
             "batches": rows,
@@ -574,10 +565,6 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         # the next round starts where the longer of the two left off, so both see the same prompts
         offset = max(len(res.control.requests), len(res.canary.requests))
         res.rounds += 1
-        # one throughput interval for both roles, long enough that an interval holds several
-        # chunks of the slower engine (an interval with none would read 0 tokens/s)
-        interval = choose_interval(res.control, res.canary, cfg.interval_s)
-        res.control.interval_s = res.canary.interval_s = interval
         last_round_s = time.monotonic() - r0
         res.latency, res.throughput = compare(res.control, res.canary, thresholds)
         acc = res.canary.server_ratio(m.accepted_tokens, m.draft_tokens) if m.draft_tokens else None
@@ -796,7 +783,8 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=units.parse_duration, default=None,
                    help="cap on the measurement time for all batch sizes (default: what --time-limit leaves)")
     p.add_argument("--interval", type=units.parse_duration, default=DEFAULT_INTERVAL_S,
-                   help="throughput sample interval (default 2s)")
+                   help="the load generator's own rate interval (its per-step records only; the statistics "
+                        "take one sample per round; default 2s)")
     p.add_argument("--min-latency-improvement", type=_fraction, default=0.05, help="e.g. 5%% (default)")
     p.add_argument("--max-throughput-regression", type=_fraction, default=0.02, help="e.g. 2%% (default)")
     p.add_argument("--confidence", type=_fraction, default=0.95,
