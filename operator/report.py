@@ -170,7 +170,7 @@ def _html(data: dict, pngs: dict[str, bytes]) -> str:
                 _fmt(r["throughputChange"], 1, pct=True), _interval_words(r["throughputInterval"]),
                 _fmt(r["acceptanceRate"], 2), _fmt(r.get("meanAcceptanceLength"), 2),
                 _positions_words(r.get("acceptanceByPosition")), r["verdict"], f'{r["rounds"]} ({r["stopped"]})',
-                f'{r["control"]["perTokenSamples"]}/{r["canary"]["perTokenSamples"]}',
+                f'{r["control"]["requests"]}/{r["canary"]["requests"]}',
             )) + "</tr>")
     imgs = "".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(b).decode()}">'
