@@ -40,7 +40,9 @@ import json
 import math
 import os
 import statistics
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -671,6 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGTERM stops the load at once, as Ctrl-C does. In a container this process is PID 1, and the
+    # kernel ignores a signal PID 1 has no handler for: without this, a deleted load Job's pod kept
+    # driving its engine until the kubelet's SIGKILL after the grace period, on top of the next
+    # step's load (found on the real node: the guard's control read 3x the guard's own load).
+    if threading.current_thread() is threading.main_thread():  # (tests call main() from worker threads)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     args = build_parser().parse_args(argv)
     if not args.url:
         print("lookahead-loadgen: --url (or LOADGEN_URL) is required", file=sys.stderr)
@@ -736,6 +744,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoadgenError as exc:
         print(f"lookahead-loadgen: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("lookahead-loadgen: stopped by a signal", file=sys.stderr)
+        return 130
     finally:
         if progress is not None:
             progress.stop()

@@ -207,6 +207,9 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
         container["volumeMounts"] = mounts
     pod_spec = {
         "restartPolicy": "Never",
+        # a deleted load Job must stop loading before the next step's starts: the load generator
+        # exits on SIGTERM, and the kubelet's SIGKILL follows soon if it could not
+        "terminationGracePeriodSeconds": 5,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],

@@ -440,3 +440,25 @@ def test_sigterm_while_the_model_loads_exits_0_at_once():
         assert e.proc.wait(15) == 0, e.output()
     finally:
         e.stop()
+
+
+def test_the_load_generator_stops_at_once_on_sigterm(engines):
+    """A deleted load Job's pod gets SIGTERM; its load must stop then, not at the kubelet's SIGKILL
+    after the grace period (in a container the load generator is PID 1, which ignores signals it
+    has no handler for), or it would drive the engine on top of the next step's load."""
+    e = engines["sim"]
+    proc = subprocess.Popen([sys.executable, "-m", "lookahead_canary.loadgen", "--url", e.url, "--concurrency", "2",
+                             "--step-duration", "120s", "--prompts", "chat", "--json"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()  # one finished request: the load is running
+        assert '"type": "request"' in first, (first, proc.stderr.read() if proc.poll() is not None else "")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(10)
+        assert time.monotonic() - t0 < 5 and code != 0, code
+        assert "stopped by a signal" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
