@@ -4,6 +4,7 @@ critical path."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -33,11 +34,24 @@ class Ctx:
         return self.world.key
 
 
+@contextlib.contextmanager
+def _unless_gone():
+    """A target deleted under us (its namespace being deleted, say) has nothing left to claim,
+    promote, restore or release: a 404 on it is done, not a failed pass (a failed pass would keep
+    the policy's finalizer, and the namespace, forever). The cache may still list it."""
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def _claim(c: Ctx, a: sm.Action) -> None:
     for ns, name in a.targets:
         d = c.k.fresh_deployment(ns, name)  # the template saved must be the latest
         if d is not None:
-            c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
+            with _unless_gone():
+                c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
 
 
 def _release(c: Ctx, a: sm.Action) -> None:
@@ -46,14 +60,16 @@ def _release(c: Ctx, a: sm.Action) -> None:
         ann = (d or {}).get("metadata", {}).get("annotations") or {}
         # Never drop the saved template of a Deployment that is still promoted.
         if d is not None and ann.get(b.ANNOTATION_OWNER) == c.me and not ann.get(b.ANNOTATION_PROMOTED):
-            c.k.patch_deployment(ns, name, b.release_patch())
+            with _unless_gone():
+                c.k.patch_deployment(ns, name, b.release_patch())
 
 
 def _disown(c: Ctx, a: sm.Action) -> None:
     for ns, name in a.targets:
         d = c.k.get_deployment(ns, name)
         if d is not None and (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) == c.me:
-            c.k.patch_deployment(ns, name, {"metadata": {"annotations": {b.ANNOTATION_OWNER: None}}})
+            with _unless_gone():
+                c.k.patch_deployment(ns, name, {"metadata": {"annotations": {b.ANNOTATION_OWNER: None}}})
 
 
 def role_transform(spec: LookaheadPolicySpec, role: str, engine: str):
@@ -125,16 +141,18 @@ def _promote(c: Ctx, a: sm.Action) -> None:
         engine = fleet.target_of(d, c.spec.engine).engine or "reference"
         patch = b.promote_patch(d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
                                 engines.is_engine_container, a.decision_id)
-        c.k.patch_deployment(ns, name, patch)
-        post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
+        with _unless_gone():
+            c.k.patch_deployment(ns, name, patch)
+            post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
 
 
 def _restore(c: Ctx, a: sm.Action) -> None:
     for ns, name in a.targets:
         d = c.k.fresh_deployment(ns, name)
         if d is not None and b.original_template(d) is not None:
-            c.k.replace_deployment(b.restore_body(d))
-            post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
+            with _unless_gone():
+                c.k.replace_deployment(b.restore_body(d))
+                post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
 
 
 ACTIONS = {
@@ -173,6 +191,9 @@ def post_event(k: Kube, body: dict, type_: str, reason: str, message: str) -> No
             _poster = threading.Thread(target=_post_events, name=f"events-{i}", daemon=True)
             _poster.start()
     meta = body["metadata"]
+    # every event is also a log line: `kubectl logs` of the operator tells the rollout
+    (log.warning if type_ == "Warning" else log.info)("%s/%s: %s: %s", meta.get("namespace"), meta["name"],
+                                                          reason, message)
     ref = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")}}
     try:
