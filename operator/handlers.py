@@ -86,6 +86,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's would repeat it
     log.setLevel(os.environ.get("LOOKAHEAD_LOG_LEVEL", "INFO"))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # the kubelet's probes every few seconds would bury the rollout in `kubectl logs`
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
     # Kopf's executor runs only the (sync) deletion handler now: the indexes and events are async.
     settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "4"))
@@ -362,6 +365,8 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
         if out is not None:
             superseded.add(out[0])
             body = out[1]
+        if moved:  # the operator's log tells the rollout as `kubectl logs` readers expect
+            log.info("%s: phase %s -> %s", key, world.status.phase, status.phase)
         for type_, reason, message in plan.events:  # once what they tell is on record
             actions.post_event(k, body, type_, reason, message)
         log.debug("%s: pass %s -> %s in %.3fs, next in %s", key, world.status.phase, status.phase,
