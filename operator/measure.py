@@ -75,25 +75,38 @@ def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], s
                      step: float) -> dict[str, Any]:
     """Disjoint-interval samples of per-token latency (s) and output throughput (tok/s) of the
     pods ``labels`` select over [start, end], read by ``observations.observe`` (exact, reset-aware
-    increases from the raw samples). One entry per window, ``None`` where a window has no value
-    (no token finished): windows of two calls with the same bounds pair up by position.
+    increases from the raw samples). One entry per window with a new scrape, ``None`` where a window
+    has no value (no token finished); ``interval``: each entry's window index. A window without a
+    new scrape has no entry (merged into the next), so two calls with the same bounds pair up by
+    ``interval`` (``paired_windows``), not by position.
 
     Also, over the whole of [start, end]: ``acceptance`` (accepted / draft tokens),
     ``meanAcceptanceLength`` (1 + accepted / drafts: tokens per verification step) and
     ``acceptanceByPosition`` (per draft position, accepted / drafts), each ``None`` when not
     measured."""
     if end.timestamp() - start.timestamp() < step:
-        return {"latency": [], "throughput": [], "acceptance": None, "meanAcceptanceLength": None,
+        return {"latency": [], "throughput": [], "interval": [], "acceptance": None, "meanAcceptanceLength": None,
                 "acceptanceByPosition": None}
     obs = observations.observe(prom, names, labels, start.timestamp(), end.timestamp(), interval_s=step)
     iv = obs.intervals
     by_pos = obs.acceptance_by_position
     out = {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
+           "interval": list(iv.interval),
            "acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None,
            "meanAcceptanceLength": obs.mean_acceptance_length.value if obs.mean_acceptance_length.ok else None,
            # a vector only when every position has a value (positions share one denominator)
            "acceptanceByPosition": [m.value for m in by_pos][:64] if by_pos and all(m.ok for m in by_pos) else None}
     return out
+
+
+def paired_windows(control: dict[str, Any], canary: dict[str, Any], key: str) -> tuple[list, list]:
+    """``key`` (``latency`` / ``throughput``) of two ``interval_samples`` results over the same
+    bounds, aligned by window index: ``None`` on the side that has no scrape in a window (the pair
+    is left out and counted as dropped), so a gap in one role never shifts the later pairs."""
+    c = dict(zip(control["interval"], control[key]))
+    k = dict(zip(canary["interval"], canary[key]))
+    windows = sorted(c.keys() | k.keys())
+    return [c.get(i) for i in windows], [k.get(i) for i in windows]
 
 
 def _le(value: str) -> float:
@@ -259,10 +272,8 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     end = scraped_until(prom, names, list(labels.values()), end)
     samples = {role: interval_samples(prom, names, labels[role], start, end, interval) for role in b.ROLES}
     lat, tp = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
-    n = min(len(samples["control"]["latency"]), len(samples["canary"]["latency"]))
-    lat.add_pairs(samples["control"]["latency"][:n], samples["canary"]["latency"][:n])
-    n = min(len(samples["control"]["throughput"]), len(samples["canary"]["throughput"]))
-    tp.add_pairs(samples["control"]["throughput"][:n], samples["canary"]["throughput"][:n])
+    lat.add_pairs(*paired_windows(samples["control"], samples["canary"], "latency"))
+    tp.add_pairs(*paired_windows(samples["control"], samples["canary"], "throughput"))
     tail = tail_comparison(prom, names, labels, start, end, th,
                            tail_design_effect(engine, batch_size, samples["canary"]["meanAcceptanceLength"]))
     return (BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"], tail=tail),

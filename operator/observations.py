@@ -133,7 +133,11 @@ class IntervalSamples:
     """Per-interval samples inside a window, for the sequential statistics.
 
     ``t`` is each interval's end (Unix seconds, the sample time actually used); an interval in
-    which no request finished has no per-token latency (``None``), never a zero.
+    which no request finished has no per-token latency (``None``), never a zero. An interval with
+    no new scrape has no entry (it is merged into the next one), so ``interval`` gives, per entry,
+    the index of the nominal interval (``[start + k * interval_s, start + (k + 1) * interval_s]``)
+    it ends: two roles read with the same bounds pair up by that index, never by list position.
+    A scraped interval with zero tokens is an entry (a stall, 0 tok/s), not a gap.
     """
 
     t: list[float] = field(default_factory=list)
@@ -142,6 +146,7 @@ class IntervalSamples:
     output_tokens_per_s: list[float] = field(default_factory=list)
     requests: list[float] = field(default_factory=list)
     per_token_latency_s: list[float | None] = field(default_factory=list)
+    interval: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -623,6 +628,7 @@ def _intervals(r: _Reader, m: MetricNames, interval_s: float) -> IntervalSamples
         a, b = gen[last], gen[k]
         if a is None or b is None or b[0] - a[0] <= 1e-9:
             continue   # no new scrape in this interval: merge it into the next
+        out.interval.append(k - 1)
         out.t.append(b[0])
         out.seconds.append(b[0] - a[0])
         out.output_tokens.append(b[1] - a[1])

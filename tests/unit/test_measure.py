@@ -329,3 +329,78 @@ def test_guard_compares_the_promoted_pod_with_the_control_at_the_split_confidenc
                                                                                 "lookahead.dev/run": "4"}}}])
     assert not old_run.enough_data and "waiting for the guard load" in old_run.message, \
         "the previous batch size's Jobs are never read as this one's"
+
+
+# --- a scrape gap in one role: pairs stay aligned by window, not by list position ------------------
+
+def _stepped_run(store, labels, rates, start, interval, gap=(), names=REF):
+    """An engine whose output rate is ``rates[i]`` tok/s in window i (``[start + i * interval,
+    start + (i + 1) * interval)``), one token per step (per-token latency ``1 / rate``), 10 tok/s
+    before ``start`` and idle after the last window; scraped every second except at the times in
+    ``gap`` (Prometheus missed them)."""
+    def tokens(t):      # generated tokens up to t, and the time spent generating them
+        n, busy = 10.0 * (t - (start - 30)) if t < start else 300.0, min(t, start) - (start - 30)
+        for i, r in enumerate(rates):
+            dt = min(max(t - (start + i * interval), 0.0), interval)
+            n += r * dt
+            busy += dt if r > 0 else 0.0
+        return n, busy
+
+    scrapes = [float(t) for t in np.arange(start - 30, start + len(rates) * interval + 10, 1.0) if t not in gap]
+    store.add(names.generation_tokens, labels, [(t, tokens(t)[0]) for t in scrapes])
+    store.add(names.per_token_latency + "_count", labels, [(t, tokens(t)[0]) for t in scrapes])
+    store.add(names.per_token_latency + "_sum", labels, [(t, tokens(t)[1]) for t in scrapes])
+
+
+def test_a_scrape_gap_in_one_role_leaves_that_window_out_of_the_pairs_instead_of_shifting_them(monkeypatch):
+    """Prometheus missed the control's scrapes in window 1 (none between its bounds) while the
+    canary was scraped throughout. Window 1 has no control sample: that pair is left out (dropped),
+    and every later pair is still window i of the control with window i of the canary. Before,
+    each role's list dropped the gap on its own and the lists were zipped by position: from
+    window 1 on, the control's window i + 1 was compared with the canary's window i."""
+    from lookahead_operator.statistics import PairedComparison
+
+    seen = {}
+
+    class Recording(PairedComparison):
+        def add_pairs(self, control, canary):
+            seen[self.metric] = (list(control), list(canary))
+            super().add_pairs(control, canary)
+
+    monkeypatch.setattr(measure, "PairedComparison", Recording)
+    interval = 2.0
+    start = T0.timestamp() + 2.0                              # after the warm-up
+    rates = [20.0 * (i + 1) for i in range(10)]              # drift both roles share
+    canary_rates = [1.25 * r for r in rates]
+    canary_rates[5] = 0.0                                    # the canary stalled in window 5 (scraped)
+    store = Store()
+    lab = {role: measure.role_labels(("ns", "p"), role) for role in ("control", "canary")}
+    _stepped_run(store, {**lab["control"], "pod": "c-0"}, rates, start, interval, gap={start + 3, start + 4})
+    _stepped_run(store, {**lab["canary"], "pod": "k-0"}, canary_rates, start, interval)
+    monkeypatch.setattr(measure, "_prom", lambda spec: store)
+    spec = LookaheadPolicySpec.model_validate({
+        "targets": {"selector": {"matchLabels": {"app": "x"}}}, "engine": "reference",
+        "load": {"batchSizes": [1], "warmup": "2s", "stepDuration": "60s", "minSamplesPerStep": 3},
+        "analysis": {"sampleInterval": "2s"}})
+    bv, _ = measure.batch_verdict(spec, ("ns", "p"), 1, T0, T0 + timedelta(seconds=22), "reference")
+
+    control, canary = seen["output_tokens_per_second"]
+    assert len(control) == len(canary) == 10
+    assert control[1] is None and canary[1] == pytest.approx(canary_rates[1]), "the gap: no control sample"
+    assert control[2] == pytest.approx((rates[1] + rates[2]) / 2), "the next window spans the gap"
+    for i in (0, 3, 4, 6, 7, 8, 9):
+        assert (control[i], canary[i]) == (pytest.approx(rates[i]), pytest.approx(canary_rates[i])), i
+    assert canary[5] == 0.0, "a stall scraped is a real zero"
+    assert bv.throughput.dropped == 1 and bv.throughput.stalls_canary == 1, "the stall counts, the gap does not"
+
+    control, canary = seen["per_token_latency_seconds"]
+    assert len(control) == len(canary) == 10 and control[1] is None and canary[5] is None
+    for i in (0, 3, 4, 6, 7, 8, 9):
+        assert (control[i], canary[i]) == (pytest.approx(1 / rates[i]), pytest.approx(1 / canary_rates[i])), i
+
+
+def test_paired_windows_align_by_window_index():
+    control = {"interval": [0, 2, 3], "throughput": [10.0, 30.0, 40.0]}
+    canary = {"interval": [0, 1, 2, 3], "throughput": [11.0, 0.0, 33.0, 44.0]}
+    assert measure.paired_windows(control, canary, "throughput") == ([10.0, None, 30.0, 40.0], [11.0, 0.0, 33.0, 44.0])
+    assert measure.paired_windows({"interval": [], "throughput": []}, canary, "throughput")[0] == [None] * 4

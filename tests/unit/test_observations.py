@@ -367,3 +367,22 @@ def test_sglang_mean_acceptance_length_from_verify_calls():
     store.series = [x for x in store.series if x[0] != S.drafts]
     o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
     assert o.mean_acceptance_length.value == pytest.approx(9.0) and "gauge" in o.mean_acceptance_length.reason
+
+
+def test_intervals_say_which_window_each_entry_is_across_a_scrape_gap_and_a_stall():
+    """No scrape after 105 up to 110 (Prometheus missed five): window 1 [105, 110] has no entry and
+    its tokens go to window 2, which spans both; ``interval`` keeps the window index so two roles
+    still pair by window. A window scraped with no new token (idle after 120) is an entry: 0 tok/s."""
+    store = SeriesStore()
+    rate = {0: 10.0, 1: 20.0, 2: 0.0, 3: 40.0}      # tok/s per 5 s window from 100
+
+    def gen(t):
+        return 1000.0 + sum(r * min(max(t - (100 + 5 * w), 0.0), 5.0) for w, r in rate.items())
+
+    store.add(V.generation_tokens, [(t, gen(t)) for t in scrape_times(90, 130) if not 105 < t <= 110])
+    iv = obs.observe(store, V, SEL, 100.0, 120.0, interval_s=5.0, now=200.0).intervals
+    assert iv.interval == [0, 2, 3]
+    assert iv.t == [105.0, 115.0, 120.0]
+    assert iv.output_tokens_per_s == pytest.approx([10.0, 10.0, 40.0])   # window 2: 100 tokens over 10 s
+    stalled = obs.observe(store, V, SEL, 115.0, 125.0, interval_s=5.0, now=200.0).intervals
+    assert stalled.interval == [0, 1] and stalled.output_tokens_per_s == pytest.approx([40.0, 0.0])
