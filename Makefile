@@ -2,10 +2,10 @@
 PY ?= python3
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
-.PHONY: deps deps-python deps-system control-plane engines-venv node images test test-unit demo crds cluster-up cluster-down \
+.PHONY: deps deps-python deps-system control-plane engines-venv node images prometheus test test-unit demo crds cluster-up cluster-down \
         bench-engine bench-decision bench-operator lint-chart
 
-deps: deps-system deps-python control-plane engines-venv node images
+deps: deps-system deps-python control-plane engines-venv node images prometheus
 
 deps-system:
 	bash hack/install-system-deps.sh
@@ -26,6 +26,10 @@ node: control-plane
 
 images: deps-python
 	bash hack/build-images.sh
+
+# Prometheus with Kubernetes pod discovery (Debian's is built without it), for Pods on the real node
+prometheus:
+	bash hack/build-prometheus.sh
 
 crds:
 	$(PY) -m lookahead_dev.crdgen

@@ -3,11 +3,13 @@
 ``DevCluster`` runs real ``etcd``, ``kube-apiserver`` and ``kube-controller-manager`` processes
 (built from the Go module proxy by ``bash hack/build-control-plane.sh`` into
 ``${LOOKAHEAD_CACHE:-~/.cache/lookahead-rollout}/controlplane-<version>/bin``) on free loopback
-ports, with RBAC authorization, service-account tokens, and an admin kubeconfig. There is no
-kubelet and no scheduler: see ``lookahead_dev.podharness`` for the stand-in that runs Pods.
+ports, with RBAC authorization, service-account tokens, and an admin kubeconfig. A real node
+(kubelet, containerd, CNI, kube-scheduler) joins it with ``lookahead_dev.node.DevNode``.
 
 ``DevPrometheus`` runs Debian's ``/usr/bin/prometheus`` on a free loopback port, scraping every
-second the targets written by ``set_targets`` (file-based service discovery).
+second the targets written by ``set_targets`` (file-based service discovery); or, with
+``binary=prometheus_sd_binary()`` and ``scrape_configs=kubernetes_pod_jobs(kubeconfig)``, the
+Prometheus of ``hack/build-prometheus.sh`` discovering Pods through the apiserver as a user's does.
 
 By hand::
 
@@ -16,9 +18,10 @@ By hand::
     python -m lookahead_dev.devcluster status
     python -m lookahead_dev.devcluster down
 
-``up`` also starts the pod harness (``lookahead_dev.podharness``) as a detached process,
-so Pods created by hand run as local processes and annotated ones are scraped by Prometheus
-(``--no-pod-harness`` to skip it). The state directory (certificates, etcd data, logs, kubeconfig, PIDs) is ``--state-dir``, else
+``up`` also starts a real node (``python -m lookahead_dev.node``, detached) with the operator,
+engine and load-generator images imported, and a Prometheus that discovers Pods with the scrape
+jobs of docs/analyze.md; ``--no-node`` skips both (control plane and a file-SD Prometheus only).
+``down`` stops the node first, which deletes its Pods and leaves nothing on the machine. The state directory (certificates, etcd data, logs, kubeconfig, PIDs) is ``--state-dir``, else
 ``$LOOKAHEAD_DEVCLUSTER_DIR``, else ``./.cluster``.
 """
 
@@ -93,6 +96,17 @@ def prometheus_binary() -> Path:
             "(installs Debian's prometheus package)"
         )
     return path
+
+
+def prometheus_sd_binary() -> Path:
+    """The Prometheus built with Kubernetes service discovery by ``hack/build-prometheus.sh``."""
+    found = os.environ.get("LOOKAHEAD_PROMETHEUS_SD_BIN")
+    candidates = [Path(found)] if found else sorted(cache_dir().glob("prometheus-*/bin/prometheus"), reverse=True)
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise DevClusterError("no Prometheus with Kubernetes service discovery: run `bash hack/build-prometheus.sh` "
+                          "(make deps does; Debian's prometheus is built without it)")
 
 
 def free_port() -> int:
@@ -209,9 +223,10 @@ def _sign(pki: Path, name: str, subject: str, usage: str, sans: Sequence[str] = 
     )
 
 
-def generate_pki(pki: Path) -> None:
+def generate_pki(pki: Path, extra_sans: Sequence[str] = ()) -> None:
     """CA, apiserver serving cert, admin (system:masters) and controller-manager client certs,
-    and the service-account signing key pair."""
+    and the service-account signing key pair. ``extra_sans`` (``IP:...``/``DNS:...``) are added to
+    the apiserver's certificate (a real node's Pods reach it at the pod bridge's host address)."""
     pki.mkdir(parents=True, exist_ok=True)
     _ec_key(pki / "ca.key")
     _openssl(
@@ -223,7 +238,7 @@ def generate_pki(pki: Path) -> None:
     _sign(
         pki, "apiserver", "/CN=kube-apiserver", "serverAuth",
         ["IP:127.0.0.1", "IP:10.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
-         "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"],
+         "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local", *extra_sans],
     )
     _sign(pki, "admin", "/O=system:masters/CN=lookahead-dev-admin", "clientAuth")
     _sign(pki, "controller-manager", "/CN=system:kube-controller-manager", "clientAuth")
@@ -268,8 +283,12 @@ class DevCluster:
     """
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, detached: bool = False,
-                 start_timeout: float = 90.0, apiserver_args: Sequence[str] = ()):
+                 start_timeout: float = 90.0, apiserver_args: Sequence[str] = (), bind_address: str = "127.0.0.1",
+                 extra_sans: Sequence[str] = ()):
         self.apiserver_args = list(apiserver_args)  # extra kube-apiserver flags (e.g. an audit log)
+        # 127.0.0.1 unless Pods of a real node must reach the apiserver (lookahead_dev.node.DevNode.cluster_args)
+        self.bind_address = bind_address
+        self.extra_sans = list(extra_sans)
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-devcluster-"))
         self.detached = detached
@@ -312,7 +331,7 @@ class DevCluster:
         bins = {n: control_plane_binary(n) for n in ("etcd", "kube-apiserver", "kube-controller-manager")}
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        generate_pki(self.pki)
+        generate_pki(self.pki, self.extra_sans)
         try:
             self._start_etcd(bins["etcd"])
             self._start_apiserver(bins["kube-apiserver"])
@@ -362,7 +381,7 @@ class DevCluster:
         self._spawn("kube-apiserver", [
             str(binary),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={self.bind_address}",
             "--advertise-address=127.0.0.1",
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
@@ -494,6 +513,61 @@ class DevCluster:
 # Prometheus
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def documented_scrape_job(doc: Path = REPO / "docs" / "analyze.md") -> dict:
+    """The ``lookahead`` job of the first YAML block of docs/analyze.md that defines it: the plain
+    Prometheus configuration users are told to run, read from the page so that tests cannot drift
+    from it."""
+    import re
+
+    import yaml
+
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S) if "job_name: lookahead" in b]
+    if not blocks:
+        raise DevClusterError(f"{doc} has no scrape config with job_name: lookahead")
+    jobs = [j for j in yaml.safe_load(blocks[0])["scrape_configs"] if j["job_name"] == "lookahead"]
+    if len(jobs) != 1:
+        raise DevClusterError(f"{doc}: expected one job named lookahead, found {len(jobs)}")
+    return jobs[0]
+
+
+def kubernetes_pod_jobs(kubeconfig: str | os.PathLike[str], interval: str = "1s") -> list[dict]:
+    """What a user's Prometheus runs, through real Kubernetes pod discovery:
+
+    * ``lookahead-pods``: the documented job (canary and control pods), relabel rules as on the page;
+    * ``kubernetes-pods``: the common annotation-driven job for every other pod annotated
+      ``prometheus.io/scrape: "true"`` (the fleet: the preflight and the guard read it by
+      ``namespace`` and ``pod``, as docs/analyze.md says such a job must label them).
+
+    ``interval`` replaces the scrape interval (1 s in tests; the page says at most the policy's
+    sampleInterval)."""
+    sd = [{"role": "pod", "kubeconfig_file": str(kubeconfig)}]
+    ours = {**documented_scrape_job(), "job_name": "lookahead-pods", "scrape_interval": interval,
+            "scrape_timeout": interval}
+    if ours.pop("kubernetes_sd_configs") != [{"role": "pod"}]:
+        raise DevClusterError("docs/analyze.md's job no longer discovers pods with kubernetes_sd_configs: [{role: pod}]")
+    ours["kubernetes_sd_configs"] = sd
+    fleet = {
+        "job_name": "kubernetes-pods", "scrape_interval": interval, "scrape_timeout": interval,
+        "kubernetes_sd_configs": sd,
+        "relabel_configs": [
+            {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"], "regex": "true",
+             "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_pod_label_lookahead_dev_role"], "regex": ".+", "action": "drop"},
+            {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"], "regex": "(.+)",
+             "target_label": "__metrics_path__"},
+            {"source_labels": ["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
+             "regex": r"([^:]+)(?::\d+)?;(\d+)", "replacement": "$1:$2", "target_label": "__address__"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        ],
+    }
+    return [ours, fleet]
+
+
 class DevPrometheus:
     """Debian's Prometheus on a free loopback port, scraping the targets given to ``set_targets``.
 
@@ -506,7 +580,16 @@ class DevPrometheus:
     JOB = "lookahead"
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, scrape_interval: str = "1s",
-                 start_timeout: float = 60.0, detached: bool = False):
+                 start_timeout: float = 60.0, detached: bool = False, listen_host: str = "127.0.0.1",
+                 scrape_configs: Sequence[Mapping] = (), binary: str | os.PathLike[str] | None = None,
+                 advertise_host: str = "127.0.0.1"):
+        # ``scrape_configs``: more jobs beside the file-SD one (e.g. Kubernetes pod discovery, which
+        # needs ``binary`` = the Prometheus of hack/build-prometheus.sh: Debian's lacks it).
+        # ``listen_host`` 0.0.0.0 lets Pods of a real node reach it at the pod bridge's host address.
+        self.scrape_configs = [dict(c) for c in scrape_configs]
+        self.binary = Path(binary) if binary else None
+        self.listen_host = listen_host
+        self.advertise_host = advertise_host  # the host in ``url`` (the pod bridge's address for Pods)
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-prometheus-"))
         self.scrape_interval = scrape_interval
@@ -522,33 +605,33 @@ class DevPrometheus:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.advertise_host}:{self.port}"
 
     def start(self) -> "DevPrometheus":
-        binary = prometheus_binary()
+        binary = self.binary or prometheus_binary()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._write_targets([])
         i = self.scrape_interval
-        self.config_file.write_text(
-            "global:\n"
-            f"  scrape_interval: {i}\n"
-            f"  scrape_timeout: {i}\n"
-            f"  evaluation_interval: {i}\n"
-            "scrape_configs:\n"
-            f"  - job_name: {self.JOB}\n"
-            "    file_sd_configs:\n"
-            f"      - files: [{json.dumps(str(self.targets_file))}]\n"
-            "        refresh_interval: 1s\n"
-        )
+        config = {
+            "global": {"scrape_interval": i, "scrape_timeout": i, "evaluation_interval": i},
+            "scrape_configs": [
+                {"job_name": self.JOB,
+                 "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}]},
+                *self.scrape_configs,
+            ],
+        }
+        self.config_file.write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
         self.port = free_port()
         self._proc = _Proc("prometheus", [
             str(binary),
             f"--config.file={self.config_file}",
             f"--storage.tsdb.path={self.state_dir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--web.listen-address={self.listen_host}:{self.port}",
             "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=1d",
             "--log.level=warn",
+            # pod discovery hands new targets to the scrapers after this (default 5 s)
+            *(["--scrape.discovery-reload-interval=1s"] if self.scrape_configs else []),
         ], self.state_dir / "prometheus.log")
         self.pid = self._proc.pid
 
@@ -585,7 +668,7 @@ class DevPrometheus:
     def set_targets(self, targets: Sequence[Mapping], source: str = "default") -> None:
         """Replace the scrape targets of ``source`` (see the class docstring for a target's shape).
 
-        Several writers (a test, the Pod harness) can share one Prometheus: each owns the targets
+        Several writers (tests) can share one Prometheus: each owns the targets
         under its own ``source`` name, and the file holds the union.
         """
         with self._targets_lock:
@@ -673,13 +756,17 @@ def _exports(state: dict) -> str:
     return (
         f"export KUBECONFIG={state['kubeconfig']}\n"
         f"export LOOKAHEAD_PROMETHEUS_URL={state['prometheus_url']}\n"
-        f"# apiserver: {state['server']}   prometheus: {state['prometheus_url']}\n"
+        f"# apiserver: {state['server']}   prometheus: {state['prometheus_url']} (reachable from Pods)\n"
         f"# binaries (kubectl, helm): {state['bin_dir']}"
-        + (f"\n# pods run as local processes; their output: {state['pods_log_dir']}" if state.get("pods_log_dir") else "")
+        + (f"\n# real node {state['node']} (pod network {state['pod_subnet']}); Pods reach the apiserver with "
+           f"env KUBERNETES_SERVICE_HOST={state['pod_gateway']} KUBERNETES_SERVICE_PORT={state['apiserver_port']}"
+           if state.get("node") else "")
     )
 
 
-def cmd_up(d: Path, harness: bool = True) -> int:
+def cmd_up(d: Path, node: bool = True) -> int:
+    """Start (detached) the control plane, a real node (``python -m lookahead_dev.node``) and a
+    Prometheus that discovers Pods as docs/analyze.md's configuration does; idempotent."""
     state = _load_state(d)
     if state and all(_alive(state, d).values()) and DevCluster.attach(d / "cluster").ready():
         print("# dev cluster already running", file=sys.stderr)
@@ -690,29 +777,45 @@ def cmd_up(d: Path, harness: bool = True) -> int:
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     t0 = time.monotonic()
-    cluster = DevCluster(d / "cluster", detached=True)
-    cluster.start()
-    prom = DevPrometheus(d / "prometheus", detached=True)
+    pids: dict[str, int] = {}
+    extra: dict = {}
     try:
+        if node:
+            from lookahead_dev.node import DevNode, image_archive, node_binary
+
+            for name in ("kubelet", "containerd"):
+                node_binary(name)
+            for kind in ("operator", "engine", "loadgen"):
+                image_archive(kind)
+            sd_binary = prometheus_sd_binary()
+            subnet = DevNode.pick_subnet(str(d))
+            cluster = DevCluster(d / "cluster", detached=True, **DevNode.cluster_args(d / "cluster", subnet))
+        else:
+            cluster = DevCluster(d / "cluster", detached=True)
+        cluster.start()
+        pids.update(cluster.pids)
+        if node:
+            gateway = str(subnet.network_address + 1)
+            pids["node"] = _start_node(d, subnet)
+            prom = DevPrometheus(d / "prometheus", detached=True, binary=sd_binary, listen_host="0.0.0.0",
+                                 advertise_host=gateway, scrape_configs=kubernetes_pod_jobs(cluster.kubeconfig, "5s"))
+            extra = {"node": json.loads((d / "node" / "node.json").read_text())["name"], "pod_subnet": str(subnet),
+                     "pod_gateway": gateway, "apiserver_port": cluster.apiserver_port}
+        else:
+            prom = DevPrometheus(d / "prometheus", detached=True)
         prom.start()
+        pids["prometheus"] = prom.pid
     except BaseException:
-        cluster.stop()
+        _stop_state({"pids": pids}, d)
         raise
-    pids = {**cluster.pids, "prometheus": prom.pid}
-    if harness:
-        try:
-            pids["pod-harness"] = _start_harness(d, cluster)
-        except BaseException:
-            _stop_state({"pids": pids}, d)
-            raise
     state = {
         "server": cluster.server,
         "kubeconfig": str(cluster.kubeconfig),
         "prometheus_url": prom.url,
         "prometheus_targets_file": str(prom.targets_file),
         "bin_dir": str(control_plane_bin_dir()),
-        "pods_log_dir": str(d / "pods") if harness else None,
         "pids": pids,
+        **extra,
     }
     (d / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     print(f"# dev cluster up in {time.monotonic() - t0:.1f} s (state: {d})", file=sys.stderr)
@@ -720,39 +823,29 @@ def cmd_up(d: Path, harness: bool = True) -> int:
     return 0
 
 
-def _start_harness(d: Path, cluster: DevCluster) -> int:
-    """Run ``python -m lookahead_dev.podharness`` detached; wait until its Node is Ready."""
-    proc = _Proc("pod-harness", [
-        sys.executable, "-m", "lookahead_dev.podharness",
-        "--kubeconfig", str(cluster.kubeconfig),
-        "--prometheus-dir", str(d / "prometheus"),
-        "--log-dir", str(d / "pods"),
-        "--workdir", str(Path.cwd()),
-    ], d / "pod-harness.log")
-    from kubernetes import client
+def _start_node(d: Path, subnet) -> int:
+    """Run ``python -m lookahead_dev.node`` detached; wait until it says its Node is Ready."""
+    proc = _Proc("node", [sys.executable, "-m", "lookahead_dev.node", "--cluster-dir", str(d / "cluster"),
+                          "--state-dir", str(d / "node"), "--subnet", str(subnet)], d / "node.log")
 
-    api = cluster.api_client()
+    def ready() -> bool:
+        return '"ready"' in (d / "node.log").read_text(errors="replace")
+
     try:
-        def node_ready() -> bool:
-            node = client.CoreV1Api(api).read_node("lookahead-harness")
-            return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-
-        wait_for(node_ready, 60, "the pod harness to register its Node", interval=0.2, alive=proc.dead)
+        wait_for(ready, 240, "the real node to be Ready (images imported)", interval=0.2, alive=proc.dead)
     except BaseException:
-        proc.stop()
+        proc.stop(timeout=120)
         raise
-    finally:
-        api.close()
     return proc.pid
 
 
 def _stop_state(state: dict, d: Path) -> None:
-    order = ["pod-harness", "prometheus", "kube-controller-manager", "kube-apiserver", "etcd"]
+    order = ["prometheus", "node", "kube-controller-manager", "kube-apiserver", "etcd"]
     pids = state.get("pids", {})
     for name in sorted(pids, key=lambda n: order.index(n) if n in order else -1):
         if _ours(int(pids[name]), d):
-            # The harness stops its Pods' processes on SIGTERM; give it time to.
-            kill_process_group(int(pids[name]), timeout=30 if name == "pod-harness" else 10)
+            # The node deletes its Pods and cleans the machine on SIGTERM; give it time to.
+            kill_process_group(int(pids[name]), timeout=120 if name == "node" else 10)
 
 
 def cmd_down(d: Path) -> int:
@@ -761,6 +854,15 @@ def cmd_down(d: Path) -> int:
         print(f"# no dev cluster state in {d}", file=sys.stderr)
         return 0
     _stop_state(state, d)
+    left = {}
+    if state.get("node"):
+        try:
+            left = {k: v for k, v in json.loads((d / "node-leftovers.json").read_text()).items() if v}
+        except (OSError, ValueError):
+            left = {"report": [f"the node did not report its cleanup ({d / 'node.log'})"]}
+    if left:
+        print(f"devcluster: the node left things on this machine: {json.dumps(left)}", file=sys.stderr)
+        return 1
     shutil.rmtree(d, ignore_errors=True)
     print(f"# dev cluster stopped and {d} removed", file=sys.stderr)
     return 0
@@ -785,13 +887,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="default: $LOOKAHEAD_DEVCLUSTER_DIR or ./.cluster")
-    ap.add_argument("--no-pod-harness", action="store_true",
-                    help="up: do not start the pod harness (the kubelet stand-in that runs Pods as local processes)")
+    ap.add_argument("--no-node", action="store_true",
+                    help="up: the control plane and a file-SD Prometheus only, no real node (nothing runs Pods)")
     args = ap.parse_args(argv)
     d = (args.state_dir or default_state_dir()).absolute()
     try:
         if args.command == "up":
-            return cmd_up(d, harness=not args.no_pod_harness)
+            return cmd_up(d, node=not args.no_node)
         return {"down": cmd_down, "status": cmd_status}[args.command](d)
     except (DevClusterError, TimeoutError) as exc:
         print(f"devcluster: {exc}", file=sys.stderr)

@@ -253,6 +253,30 @@ class DevNode:
                 f"--kubelet-client-certificate={pki / 'admin.crt'}",
                 f"--kubelet-client-key={pki / 'admin.key'}"]
 
+    @staticmethod
+    def cluster_args(cluster_state_dir: str | os.PathLike[str], subnet: str | ipaddress.IPv4Network) -> dict:
+        """``DevCluster`` keyword arguments for a cluster whose Pods, on a DevNode with pod ``subnet``,
+        talk to the apiserver (an operator installed by ``helm install``): :meth:`apiserver_args`,
+        the apiserver bound on every address (the pod bridge does not exist yet when it starts, and
+        kube-apiserver binds one address), and the bridge's host address in its certificate.
+        There is no kube-proxy here (it needs iptables or nft, which this machine lacks), so the
+        ``kubernetes`` Service's ClusterIP routes nowhere: such Pods get :meth:`in_cluster_env`."""
+        gateway = str(ipaddress.ip_network(subnet).network_address + 1)
+        return {"apiserver_args": DevNode.apiserver_args(cluster_state_dir), "bind_address": "0.0.0.0",
+                "extra_sans": [f"IP:{gateway}"]}
+
+    @staticmethod
+    def pick_subnet(seed: str | None = None) -> ipaddress.IPv4Network:
+        """A free pod /24 (10.200.0.0/13), chosen before the cluster starts (see :meth:`cluster_args`)."""
+        return _pick_subnet(seed or uuid.uuid4().hex)
+
+    def in_cluster_env(self) -> list[dict]:
+        """Container ``env`` entries that point in-cluster clients (the Python client's
+        ``load_incluster_config``, Kopf) at the apiserver through the pod bridge. A container's own
+        ``env`` wins over the variables the kubelet derives from the ``kubernetes`` Service."""
+        return [{"name": "KUBERNETES_SERVICE_HOST", "value": self.gateway},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cluster.apiserver_port)}]
+
     def ctr(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess:
         """``ctr`` against this node's containerd, namespace ``k8s.io`` (the CRI's)."""
         return _run([str(node_binary("ctr")), "--address", str(self.containerd_sock), "--namespace", "k8s.io", *args],
@@ -761,6 +785,53 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: a detached node for `make cluster-up`
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lookahead_dev.node --cluster-dir D --state-dir S [--subnet N]``: join the
+    cluster started (detached) in ``D`` with a real node and keep it until SIGTERM/SIGINT, then
+    stop it completely and write what is left (``leftovers()``, all empty after a clean stop) to
+    ``S/leftovers.json``. ``make cluster-up`` runs it; ``make cluster-down`` sends SIGTERM."""
+    import argparse
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m lookahead_dev.node", description=main.__doc__.split("\n")[0])
+    ap.add_argument("--cluster-dir", type=Path, required=True)
+    ap.add_argument("--state-dir", type=Path, required=True)
+    ap.add_argument("--subnet", default=None)
+    ap.add_argument("--images", default="operator,engine,loadgen", help="comma-separated: operator,engine,loadgen")
+    args = ap.parse_args(argv)
+    stop_now = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop_now["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster = DevCluster.attach(args.cluster_dir)
+    try:
+        images = [image_archive(k) for k in args.images.split(",") if k]
+        node = DevNode(cluster, state_dir=args.state_dir, subnet=args.subnet, images=images)
+        node.start()
+    except (DevClusterError, TimeoutError, OSError) as exc:
+        print(f"node: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"ready": node.name, "gateway": node.gateway, "timings": node.timings}), flush=True)
+    while stop_now["signal"] is None:
+        time.sleep(0.2)
+    node.stop()
+    left = node.leftovers()
+    (args.state_dir.parent / "node-leftovers.json").write_text(json.dumps(left, indent=1) + "\n")
+    return 0 if not any(left.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 __all__ = ["DevNode", "DevNodeError", "node_dir", "node_binary", "images_dir", "image_archive", "image_name",
