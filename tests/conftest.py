@@ -1,4 +1,4 @@
-"""Shared fixtures for the real local control plane, Prometheus and the Pod harness.
+"""Shared fixtures for the real local control plane, a real node, and Prometheus.
 
 All three are session-scoped: started once when a test first asks for them, stopped at the end.
 They never skip: when a binary is missing they fail with the command that builds or installs it.
@@ -22,17 +22,66 @@ def _start(component) -> str | None:
 
 
 @pytest.fixture(scope="session")
-def devcluster():
-    """A running DevCluster (etcd + kube-apiserver + kube-controller-manager).
+def devcluster(tmp_path_factory):
+    """A running DevCluster (etcd + kube-apiserver + kube-controller-manager), ready for a real
+    node (``real_node``): its apiserver also answers Pods on the pod bridge's host address.
 
-    Has ``.kubeconfig`` (path), ``.server`` (URL), ``.api_client()``.
+    Has ``.kubeconfig`` (path), ``.server`` (URL), ``.api_client()``, and ``.pod_subnet``.
     """
-    cluster = DevCluster()
+    from lookahead_dev.node import DevNode
+
+    state = tmp_path_factory.mktemp("devcluster") / "cluster"
+    subnet = DevNode.pick_subnet()
+    cluster = DevCluster(state, **DevNode.cluster_args(state, subnet))
+    cluster.pod_subnet = subnet
     failure = _start(cluster)
     if failure:
         pytest.fail(f"could not start the local control plane: {failure}", pytrace=False)
     yield cluster
     cluster.stop()
+
+
+class RealNode:
+    """The session's real node (``lookahead_dev.node.DevNode``: containerd, CNI, kubelet,
+    kube-scheduler) on ``devcluster``, with the operator, engine and load-generator images
+    imported. Started by the first ``get()``; ``stop()`` (test_node's cleanup check does) stops
+    it, and a later ``get()`` starts a fresh one. One node per machine at a time."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.node = None
+
+    def get(self):
+        from lookahead_dev.node import DevNode, DevNodeError, image_archive
+
+        if self.node is None:
+            try:
+                images = [image_archive(k) for k in ("operator", "engine", "loadgen")]
+                node = DevNode(self.cluster, subnet=str(self.cluster.pod_subnet), images=images)
+                node.start()
+            except (DevNodeError, DevClusterError, TimeoutError) as exc:
+                pytest.fail(f"could not start the real node: {exc}; `make deps` builds it "
+                            "(hack/build-node.sh, hack/build-images.sh)", pytrace=False)
+            self.node = node
+        return self.node
+
+    def stop(self):
+        if self.node is not None:
+            node, self.node = self.node, None
+            node.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node_holder(devcluster):
+    holder = RealNode(devcluster)
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture(scope="module")
+def real_node(real_node_holder):
+    """The running real node (started on first use; a module that stops it gets a fresh one)."""
+    return real_node_holder.get()
 
 
 @pytest.fixture(scope="session")
@@ -55,16 +104,22 @@ def prometheus():
 
 
 @pytest.fixture(scope="session")
-def pod_harness(devcluster, prometheus):
-    """The kubelet stand-in (``lookahead_dev.podharness.PodHarness``) on Node
-    ``lookahead-harness``: runs the Pods of the dev cluster as local processes in the repository
-    root, and registers annotated ones as Prometheus targets."""
-    from pathlib import Path
+def pod_prometheus(devcluster, real_node_holder, tmp_path_factory):
+    """Prometheus as a user runs it for pods: Kubernetes pod discovery against the apiserver and
+    the scrape jobs of docs/analyze.md (``kubernetes_pod_jobs``), built with Kubernetes service
+    discovery by hack/build-prometheus.sh. It listens on every address so that an operator Pod
+    reaches it at the pod bridge's host address, which ``.url`` names."""
+    from lookahead_dev.devcluster import kubernetes_pod_jobs, prometheus_sd_binary
 
-    from lookahead_dev.podharness import PodHarness
-
-    harness = PodHarness(kubeconfig=devcluster.kubeconfig, prometheus=prometheus,
-                         workdir=Path(__file__).resolve().parents[1])
-    harness.start()
-    yield harness
-    harness.stop()
+    node = real_node_holder.get()
+    try:
+        binary = prometheus_sd_binary()
+    except DevClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    prom = DevPrometheus(tmp_path_factory.mktemp("pod-prometheus"), binary=binary, listen_host="0.0.0.0",
+                         advertise_host=node.gateway, scrape_configs=kubernetes_pod_jobs(devcluster.kubeconfig))
+    failure = _start(prom)
+    if failure:
+        pytest.fail(f"could not start Prometheus with pod discovery: {failure}", pytrace=False)
+    yield prom
+    prom.stop()

@@ -4,6 +4,9 @@ engines):
 * a promoted template that never becomes available (a ResourceQuota leaves no room for the
   rolling update's surge pod) -> the Deployment controller's ProgressDeadlineExceeded -> the
   policy rolls back and the template is restored exactly;
+* a promoted template whose pods crash on the real kubelet (part of the fleet runs an engine
+  build that exits on the lookahead flags) -> CrashLoopBackOff -> ProgressDeadlineExceeded ->
+  rolled back, the template restored exactly, the old pods serving throughout;
 * Prometheus unreachable for longer than the analysis deadline while measuring -> Inconclusive
   at the deadline, the fleet untouched; unreachable briefly -> the policy resumes and decides;
 * pause and resume mid-step -> never more than one load Job per role, clocks frozen, nothing
@@ -275,7 +278,12 @@ def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis,
         shift = (datetime.fromisoformat(after["measuringSince"].replace("Z", "+00:00"))
                  - datetime.fromisoformat(before["measuringSince"].replace("Z", "+00:00"))).total_seconds()
         assert abs(shift - gap) <= 1, "the deadline clock skipped exactly the pause"
-        assert after["loadRun"] > before["loadRun"] and after["step"] == before["step"]
+        assert after["loadRun"] > before["loadRun"], "the step's load starts afresh after the pause"
+        if after["step"] != before["step"]:
+            # the windows measured before the pause were already conclusive: the resumed step settled at
+            # once (anytime-valid: it may stop early), and only with a verdict
+            rows = {r["batchSize"]: r for r in st.get("batches") or []}
+            assert rows.get(1, {}).get("verdict") in ("Wins", "NoGain", "Regresses"), st.get("batches")
         st = wait_phase(custom, ns, "chat", TERMINAL, 420, operator_process)
         assert st["phase"] == "Succeeded", st.get("message")
     finally:
@@ -297,3 +305,72 @@ def subprocess_run(args: list[str], kubeconfig: str) -> None:
     out = subprocess.run([sys.executable, "-m", "lookahead_operator.cli", *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+# An engine image whose entrypoint predates lookahead: it exits at start-up when given the flags
+# (as an engine does on an unknown argument). The script is mounted from a ConfigMap and run in
+# exec form, so the operator appends its flags to the container's args, which reach it as "$@".
+OLD_ENTRYPOINT = """#!/bin/sh
+for a in "$@"; do
+  case "$a" in --speculative-config*) echo "engine: error: unrecognized arguments: $a" >&2; exit 2;; esac
+done
+exec python3 -m lookahead_canary.server "$@"
+"""
+
+
+def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(apis, operator_process, prometheus):
+    apps, core, custom, batch = apis
+    ns = "fault-crashloop"
+    core.create_namespace({"metadata": {"name": ns}})
+    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    old = engine_deployment(ns, "chat-b", GOOD_GPU, "chat")
+    old["spec"]["progressDeadlineSeconds"] = 15
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "old-entrypoint"},
+                                           "data": {"entrypoint.sh": OLD_ENTRYPOINT}})
+    pod = old["spec"]["template"]["spec"]
+    pod["volumes"] = [{"name": "entrypoint", "configMap": {"name": "old-entrypoint"}}]
+    c = pod["containers"][0]
+    c["command"] = ["/bin/sh", "/entrypoint/entrypoint.sh"]
+    c["volumeMounts"] = [{"name": "entrypoint", "mountPath": "/entrypoint", "readOnly": True}]
+    apps.create_namespaced_deployment(ns, old)
+    for name in ("chat-a", "chat-b"):
+        wait_for(lambda n=name: (apps.read_namespaced_deployment(n, ns).status.ready_replicas or 0) == 1,
+                 timeout=90, what=f"{name} ready")
+    originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
+    serving = {p.metadata.name for p in core.list_namespaced_pod(ns, label_selector="fleet=chat-b").items}
+    # chat-a is the first target: the canary is cloned from it and measures a win; the second wave
+    # promotes chat-b, whose new pods exit on the flags.
+    body = policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"])
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    crashed = []
+
+    def crashlooping():
+        for p in core.list_namespaced_pod(ns, label_selector="fleet=chat-b").items:
+            for cs in p.status.container_statuses or []:
+                if cs.restart_count >= 1 or (cs.state.waiting and cs.state.waiting.reason == "CrashLoopBackOff"):
+                    crashed.append((p.metadata.name, cs.restart_count, cs.state.waiting and cs.state.waiting.reason))
+                    return True
+        return (get_policy(custom, ns, "chat").get("status") or {}).get("phase") in TERMINAL
+
+    wait_for(crashlooping, timeout=420, interval=1.0, what="chat-b's promoted pods crashing")
+    st = wait_phase(custom, ns, "chat", TERMINAL, 240, operator_process)
+    assert crashed, "the promoted pods were seen restarting on the kubelet"
+    assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
+    assert st["phase"] == "RolledBack" and st["rollback"]["reason"] == "RolloutFailed", (st.get("message"),
+                                                                                         st.get("rollback"))
+    assert f"{ns}/chat-b" in st["rollback"]["message"]
+    assert sorted(st["rollback"]["restored"]) == [f"{ns}/chat-a", f"{ns}/chat-b"]
+    for name in ("chat-a", "chat-b"):
+        d = sanitized(apps, ns, name)
+        assert d["spec"]["template"] == originals[name], "restored exactly"
+        assert not {b.ANNOTATION_OWNER, b.ANNOTATION_ORIGINAL_TEMPLATE, b.ANNOTATION_PROMOTED} & set(
+            d["metadata"].get("annotations") or {})
+    # the old pod kept serving through the failed rollout (maxUnavailable of a 1-replica Deployment is 0)
+    still = {p.metadata.name for p in core.list_namespaced_pod(ns, label_selector="fleet=chat-b").items
+             if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
+    assert serving & still, (serving, still)
+    wait_for(lambda: (apps.read_namespaced_deployment("chat-b", ns).status.ready_replicas or 0) == 1
+             and not [p for p in core.list_namespaced_pod(ns, label_selector="fleet=chat-b").items
+                      if any((cs.restart_count or 0) > 0 for cs in p.status.container_statuses or [])],
+             timeout=120, what="the crashing pods gone after the restore")
+    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")

@@ -1,6 +1,8 @@
-"""A whole LookaheadPolicy, from apply to promote or roll back, on the real local control plane,
-the real Prometheus and engine processes (the reference engine's simulator backend, which gives
-a known effect with real HTTP, real metrics and real scraping)."""
+"""A whole LookaheadPolicy, from apply to promote or roll back, as a user runs it: the operator
+installed by `helm install` as a Pod on the real node, the fleet, canary, control and load Jobs as
+Pods from the locally built images, and Prometheus discovering them through the apiserver with the
+documented scrape configuration. The engines serve the reference engine's simulator backend, which
+gives a known effect with real HTTP, real metrics and real scraping."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from kubernetes import client
 
 from lookahead_operator import builders as b
 from lookahead_dev.devcluster import wait_for
+from lookahead_dev.node import image_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"
+ENGINE_IMAGE = image_name("engine")  # built by hack/build-images.sh, imported into the real node
 
 # A100 + Llama-3-8B roofline: decode is memory-bound at batch 1 (lookahead cuts per-token
 # latency) and compute-bound at batch 32 (the extra Jacobi tokens cost real time).
@@ -40,13 +44,15 @@ def engine_deployment(ns: str, name: str, sim: dict, app: str) -> dict:
                 "metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true"}},
                 "spec": {"containers": [{
                     "name": "engine",
-                    "image": "ghcr.io/lookahead-rollout/reference-engine:0.1.0",
+                    "image": ENGINE_IMAGE,
+                    "imagePullPolicy": "Never",
                     "command": ["python3", "-m", "lookahead_canary.server"],
-                    "args": ["--host", "$(POD_IP)", "--port", "$(PORT)", "--backend", "simulate",
+                    "args": ["--host", "$(POD_IP)", "--port", "8000", "--backend", "simulate",
                              "--sim-config", json.dumps(sim), "--max-num-seqs", "64",
                              "--served-model-name", "chat"],
+                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                     "ports": [{"name": "http", "containerPort": 8000}],
-                    "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1},
                     "resources": {"requests": {"cpu": "100m"}},
                 }]},
             },
@@ -127,7 +133,7 @@ def no_leftovers(apps, batch, ns, policy_name):
                      if not j.metadata.deletion_timestamp])
 
 
-def test_regime_aware_promotion_in_waves(apis, operator_process, prometheus):
+def test_regime_aware_promotion_in_waves(apis, operator_pod, prometheus):
     apps, core, custom, batch = apis
     ns = "e2e-regime"
     make_namespace(core, ns)
@@ -138,8 +144,8 @@ def test_regime_aware_promotion_in_waves(apis, operator_process, prometheus):
                                            policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware",
                                                   ["50%", "100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
-                    operator_process)
-    assert st["phase"] == "Succeeded", st.get("message")
+                    operator_pod)
+    assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-4000:])
     assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
     rows = {r["batchSize"]: r for r in st["batches"]}
     assert rows[1]["verdict"] == "Wins" and rows[1]["tpotChange"] < -0.05
@@ -159,9 +165,14 @@ def test_regime_aware_promotion_in_waves(apis, operator_process, prometheus):
         assert "--speculative-config" in args and "--lookahead-max-batch-size" in args
         assert b.original_template(d) == originals[name], "the exact original template is saved"
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+    # what a user reads with `kubectl logs` of the operator Pod: the rollout, phase by phase
+    log = operator_pod.log()
+    for line in ("-> Measuring", "-> Promoting", "-> Guarding", "-> Succeeded"):
+        assert f"{ns}/chat: phase " in log and line in log, f"{line!r} not in the operator's log:\n{log[-3000:]}"
+    assert log.count(f"{ns}/chat: Promoted: ") == 2, log[-3000:]
 
 
-def test_regressing_canary_rolls_back_with_fleet_untouched(apis, operator_process, prometheus):
+def test_regressing_canary_rolls_back_with_fleet_untouched(apis, operator_pod, prometheus):
     apps, core, custom, batch = apis
     ns = "e2e-rollback"
     make_namespace(core, ns)
@@ -172,7 +183,7 @@ def test_regressing_canary_rolls_back_with_fleet_untouched(apis, operator_proces
                                            policy("chat", ns, "chat", prometheus.url, [1, 8], "regimeAware",
                                                   ["100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 420,
-                    operator_process)
+                    operator_pod)
     assert st["phase"] == "RolledBack", st.get("message")
     assert st["decision"]["action"] == "Rollback"
     assert not any(e.reason == "Promoted" for e in events_of(core, ns, "chat"))
@@ -186,7 +197,7 @@ def test_regressing_canary_rolls_back_with_fleet_untouched(apis, operator_proces
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_guard_regression_restores_exact_templates(apis, operator_process, prometheus):
+def test_guard_regression_restores_exact_templates(apis, operator_pod, prometheus):
     """A heterogeneous fleet: the canary is cloned from chat-a (where lookahead wins), but chat-b
     serves a workload where it loses. The guard catches it in the second wave and restores both."""
     apps, core, custom, batch = apis
@@ -199,11 +210,11 @@ def test_guard_regression_restores_exact_templates(apis, operator_process, prome
                                            policy("chat", ns, "chat", prometheus.url, [1], "regimeAware",
                                                   ["50%", "100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
-                    operator_process)
+                    operator_pod)
     assert st["phase"] == "RolledBack", (st.get("message"), st.get("guard"),
                                          [(e.reason, e.message) for e in events_of(core, ns, "chat")],
                                          [(j.metadata.name, j.metadata.labels, j.spec.template.spec.containers[0].args)
-                                          for j in batch.list_namespaced_job(ns).items], operator_process.log()[-3000:])
+                                          for j in batch.list_namespaced_job(ns).items], operator_pod.log()[-3000:])
     # measured only at batch 1: lookahead is enabled up to 1 only (never beyond the largest measured win)
     assert st["decision"]["action"] == "PromoteRegimeAware"
     assert st["rollback"]["reason"] == "GuardRegression"

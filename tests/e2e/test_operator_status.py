@@ -25,7 +25,7 @@ def policy(name, ns, app):
 
 
 def idle_deployment(ns, name, app):
-    """A target Deployment whose pods the harness does not run (no command): enough for claiming."""
+    """A target Deployment with no pods (0 replicas): enough for claiming."""
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
             "spec": {"replicas": 0, "selector": {"matchLabels": {"app": app}},
                      "template": {"metadata": {"labels": {"app": app}},

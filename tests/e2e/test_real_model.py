@@ -1,18 +1,36 @@
 """One policy on the real SmolLM2-135M model: the fleet, the canary and the control are reference
-engines running real torch decoding on CPU, measured through the real Prometheus. Whatever the
-verdict on this hardware, it must come from real numbers, and analysisOnly never touches the fleet."""
+engines running real torch decoding on CPU, as Pods on the real node, measured through the real
+Prometheus. Whatever the verdict on this hardware, it must come from real numbers, and
+analysisOnly never touches the fleet.
+
+torch reaches the Pods by a read-only ``hostPath`` mount of this machine's own site-packages (and
+the model by one of the project's model cache), not through the image: the engine image stays
+torch-free (74 MB, imported in seconds) for every other test, the node is this machine, so the
+bytes are already here, and a 2+ GB image layer would cost more to pack and import than this whole
+test. A production engine image would carry torch itself."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes import client
 
+import site
+from pathlib import Path
+
+import torch
+
+from lookahead_canary.models import cache_root
 from lookahead_operator import builders as b
 from lookahead_dev.devcluster import wait_for
+from lookahead_dev.node import image_name
 
 from .test_lifecycle import GROUP, PLURAL, VERSION, events_of, no_leftovers, sanitized, wait_phase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+
+HOST_SITE = str(Path(torch.__file__).resolve().parents[1])  # torch, transformers and their dependencies
+assert HOST_SITE in site.getsitepackages(), HOST_SITE
 
 
 def smollm2_deployment(ns: str) -> dict:
@@ -23,13 +41,26 @@ def smollm2_deployment(ns: str) -> dict:
         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true"}},
                               "spec": {"containers": [{
-                                  "name": "engine", "image": "ghcr.io/lookahead-rollout/reference-engine:0.1.0",
+                                  "name": "engine", "image": image_name("engine"), "imagePullPolicy": "Never",
                                   "command": ["python3", "-m", "lookahead_canary.server"],
-                                  "args": ["--host", "$(POD_IP)", "--port", "$(PORT)", "--model", "smollm2",
+                                  "args": ["--host", "0.0.0.0", "--port", "8000", "--model", "smollm2",
                                            "--max-num-seqs", "4"],
-                                  "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                                  "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
+                                          {"name": "PYTHONPATH", "value": "/opt/lookahead/site:/opt/host-site"},
+                                          {"name": "LOOKAHEAD_CACHE", "value": "/cache"},
+                                          {"name": "HF_HUB_OFFLINE", "value": "1"}],
+                                  "volumeMounts": [{"name": "host-site", "mountPath": "/opt/host-site", "readOnly": True},
+                                                   {"name": "models", "mountPath": "/cache/models", "readOnly": True}],
                                   "ports": [{"name": "http", "containerPort": 8000}],
-                                  "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}}}]}}},
+                                  "readinessProbe": {"httpGet": {"path": "/health", "port": 8000},
+                                                     "periodSeconds": 2, "failureThreshold": 90}}],
+                                           # the model cache's weights are root's, mode 0600
+                                           # (hostPath files keep their owner): read them as root
+                                           "securityContext": {"runAsUser": 0},
+                                           "volumes": [
+                                               {"name": "host-site", "hostPath": {"path": HOST_SITE, "type": "Directory"}},
+                                               {"name": "models", "hostPath": {"path": str(cache_root() / "models"),
+                                                                               "type": "Directory"}}]}}},
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from pathlib import Path
@@ -167,11 +168,17 @@ def test_prometheus_scrapes_a_target_and_answers_queries(prometheus):
         thread.join(timeout=5)
 
 
-def test_cli_up_status_down(tmp_path):
-    """`python -m lookahead_dev.devcluster up|status|down`, as `make cluster-up` runs it."""
+def test_cli_up_status_down(tmp_path, real_node_holder):
+    """`python -m lookahead_dev.devcluster up|status|down`, as `make cluster-up` and `make
+    cluster-down` run it: the control plane, a real node running a Pod, Prometheus discovering it;
+    and after `down`, nothing left on the machine (the node checks itself: processes, mounts,
+    bridge, cgroups, directories, netns)."""
     import subprocess
     import sys
 
+    from lookahead_dev.node import image_name
+
+    real_node_holder.stop()  # one real node per machine at a time
     from kubernetes import config
 
     state = tmp_path / "cluster"
@@ -180,21 +187,37 @@ def test_cli_up_status_down(tmp_path):
     try:
         assert up.returncode == 0, up.stderr
         exports = dict(re.findall(r"^export (\w+)=(\S+)$", up.stdout, re.M))
-        assert Path(exports["KUBECONFIG"]).is_file() and exports["LOOKAHEAD_PROMETHEUS_URL"].startswith("http://127.0.0.1:")
+        assert Path(exports["KUBECONFIG"]).is_file() and exports["LOOKAHEAD_PROMETHEUS_URL"].startswith("http://10.")
         status = subprocess.run([*cli[:3], "status", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
+        cluster_state = json.loads((state / "state.json").read_text())
         api = config.new_client_from_config(config_file=exports["KUBECONFIG"])
+        core = client.CoreV1Api(api)
         try:
-            node = client.CoreV1Api(api).read_node("lookahead-harness")  # the detached pod harness
+            node = core.read_node(cluster_state["node"])
             assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+            # a Pod annotated for scraping runs on the node and Prometheus finds it by pod discovery
+            wait_for(lambda: core.read_namespaced_service_account("default", "default"), 30, "default SA")
+            core.create_namespaced_pod("default", {
+                "metadata": {"name": "engine", "annotations": {"prometheus.io/scrape": "true"}},
+                "spec": {"containers": [{"name": "engine", "image": image_name("engine"), "imagePullPolicy": "Never",
+                                         "command": ["python3", "-m", "lookahead_canary.server", "--host", "0.0.0.0",
+                                                     "--port", "8000", "--backend", "simulate"],
+                                         "ports": [{"containerPort": 8000}]}]}})
+            from prometheus_api_client import PrometheusConnect
+
+            prom = PrometheusConnect(url=exports["LOOKAHEAD_PROMETHEUS_URL"], disable_ssl=True)
+            up = wait_for(lambda: prom.custom_query('up{job="kubernetes-pods",pod="engine"} == 1'), 90,
+                          "Prometheus to discover and scrape the Pod", interval=0.5)
+            assert up[0]["metric"]["namespace"] == "default"
         finally:
             api.close()
         pids = [int(p) for p in re.findall(r"pid\s+(\d+)\s+running", status.stdout)]
         assert len(pids) == 5
     finally:
-        down = subprocess.run([*cli[:3], "down", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=120)
+        down = subprocess.run([*cli[:3], "down", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=200)
     assert down.returncode == 0, down.stderr
     assert not state.exists()
-    from lookahead_dev.podharness import alive
+    from lookahead_canary.process import pid_alive
 
-    assert alive(pids) == []
+    assert [p for p in pids if pid_alive(p)] == []

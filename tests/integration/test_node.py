@@ -43,7 +43,10 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def env():
+def env(real_node_holder):
+    # One real node per machine (its global paths are shared): stop the session's, which the
+    # end-to-end tests used, so that this module's cleanup check sees only its own node.
+    real_node_holder.stop()
     missing = _missing()
     if missing:  # never a skip: say what builds it (make deps runs both scripts)
         pytest.fail(f"no real node here: {missing}; run `bash hack/build-node.sh && bash hack/build-images.sh` "

@@ -48,7 +48,7 @@ import httpx
 import pytest
 import yaml
 
-from lookahead_dev.devcluster import prometheus_binary
+from lookahead_dev.devcluster import documented_scrape_job, prometheus_binary
 from lookahead_operator import builders, measure, observations
 from lookahead_operator import statemachine as sm
 from lookahead_operator.analyze import metrics_delta
@@ -85,15 +85,6 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-
-
-def documented_job() -> dict:
-    """The ``lookahead`` job of the first YAML block of docs/analyze.md that defines it."""
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S) if "job_name: lookahead" in b]
-    assert blocks, "docs/analyze.md has no scrape config with job_name: lookahead"
-    jobs = [j for j in yaml.safe_load(blocks[0])["scrape_configs"] if j["job_name"] == "lookahead"]
-    assert len(jobs) == 1
-    return jobs[0]
 
 
 def engine_metrics(port: int) -> dict[str, float]:
@@ -274,7 +265,7 @@ def setup(devcluster, kube_api, tmp_path_factory):
             core.create_namespaced_pod(ns, pod_body(name, labels, port, node))
             core.patch_namespaced_pod_status(name, ns, running_status())
 
-        job = documented_job()
+        job = documented_scrape_job()
         assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
         sd_file = work / "pods.json"
         groups = [g for pod in core.list_namespaced_pod(ns, _request_timeout=10).items for g in pod_sd_groups(pod)]
