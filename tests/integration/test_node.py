@@ -199,6 +199,56 @@ def test_shell_form_command_starts_the_engine_on_the_pod_ip_and_it_answers_from_
     assert cmdline.startswith("python3 -m lookahead_canary.server --host " + pod_ip + " --port 8000")
 
 
+def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_real_container(env, engine):
+    """The canary the operator renders from the shell-form fleet above (its flags edited into the
+    `sh -c` script, the script then run by a real shell in a real container) serves, as PID 1, with
+    the lookahead flags, and actually speculates; the control renders without them."""
+    from lookahead_operator import actions, builders, engines
+    from lookahead_operator.models import LookaheadPolicy
+
+    api = env["api"]
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    ns = engine["ns"]
+    body = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
+            "metadata": {"name": "shell", "namespace": ns, "uid": str(uuid.uuid4())},
+            "spec": {"targets": {"selector": {"matchLabels": {"app": "engine"}}}, "engine": "reference",
+                     "lookahead": {"method": "jacobi", "window": 5, "ngram": 3, "guessSet": 5},
+                     "analysis": {"prometheus": {"url": "http://127.0.0.1:9"}}}}
+    spec = LookaheadPolicy.from_body(body).spec
+    fleet = client.ApiClient().sanitize_for_serialization(apps.read_namespaced_deployment("engine", ns))
+    made = {}
+    for role in ("canary", "control"):
+        obj = builders.build_role_deployment(fleet, body, role, 1, actions.role_transform(spec, role, "reference"),
+                                             engines.is_engine_container)
+        obj["metadata"].pop("ownerReferences", None)  # no policy object here to own it
+        script = obj["spec"]["template"]["spec"]["containers"][0]["command"][2]
+        assert ("--speculative-config" in script) == (role == "canary"), script
+        apps.create_namespaced_deployment(ns, obj)
+        made[role] = obj
+
+    def ready(role):
+        name = made[role]["metadata"]["name"]
+        pods = core.list_namespaced_pod(ns, label_selector=f"{builders.LABEL_ROLE}={role}").items
+        ok = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return ok[0] if ok and apps.read_namespaced_deployment(name, ns).status.ready_replicas == 1 else None
+
+    for role in made:
+        pod = wait_for(lambda r=role: ready(r), 90, f"the rendered {role} to serve on the node", interval=0.2)
+        res = _kubectl(env, "exec", "-n", ns, pod.metadata.name, "--", "/bin/sh", "-c", "tr '\\0' ' ' </proc/1/cmdline")
+        cmdline = res.stdout
+        assert cmdline.startswith("python3 -m lookahead_canary.server --host " + pod.status.pod_ip), cmdline
+        assert ("--speculative-config" in cmdline) == (role == "canary"), cmdline
+        ip = pod.status.pod_ip
+        req = urllib.request.Request(f"http://{ip}:8000/v1/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": "chat", "prompt": "x", "max_tokens": 32}).encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] >= 1
+        with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5) as r:
+            drafts = [ln for ln in r.read().decode().splitlines()
+                      if ln.startswith("vllm:spec_decode_num_drafts_total") and float(ln.split()[-1]) > 0]
+        assert bool(drafts) == (role == "canary"), (role, drafts)
+
+
 def test_pods_have_no_route_off_the_node(env, engine):
     res = _kubectl(env, "exec", "-n", engine["ns"], engine["pod"].metadata.name, "--",
                    "python3", "-c", "print(open('/proc/net/route').read())")
