@@ -5,20 +5,26 @@ on the same model -- or uses two engines already running (``--engine-url CONTROL
 then, for each batch size, drives both with the closed-loop load generator on the same prompt
 stream in short rounds: each round runs the control and then the canary (the order alternates
 round by round), C workers sending one request each, and at least ``MIN_ROUND_REQUESTS`` in
-all, on the same prompts. Round i of both roles is one
-*pair*: its per-token latency (summed decode time over summed tokens after the first, vLLM's TPOT)
-and its throughput (output tokens / round wall time) for each role. The pairs go to the operator's
-own paired, anytime-valid test (``statistics.PairedComparison``), so machine drift slower than a
-round (another process starting, thermal or frequency changes) lands on both roles and cancels in
-their ratio. A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or
-when its share of the time budget is spent, which leaves it Pending. ``confidence`` is that of the
-whole decision: each test runs at its share (``Thresholds.for_family``, as the operator splits
-it). The per-batch verdicts go to ``lookahead_operator.decision.decide``; the table, the crossover
-and the decision are printed and a report (HTML with PNG plots, JSON) is written.
+all, on the same prompts.
 
-Engine-side numbers (per-token latency from ``request_time_per_output_token``, acceptance from the
-spec-decode counters) are read from each engine's own ``/metrics`` before and after every round,
-so the client-side numbers can be checked against what the engine recorded.
+It measures through the operator's own pipeline; only the source differs. Each engine's
+``/metrics`` is read just before and just after each of its rounds (``observations.scrape_engine``,
+``observations.increments_between``): what the engine counted in the round -- generated tokens,
+the per-token-latency histogram's sum, count and buckets, the spec-decode counters -- is the same
+``observations.Increments`` the operator reads from Prometheus for one sample window. Round i of
+both roles is one pair (``observations.paired_sample``): per-token latency (histogram sum / count)
+and throughput (generated tokens / the time between the reads) for each role. The pairs go to the
+operator's ``measure.paired_verdict`` (the paired anytime-valid tests, ``statistics.PairedComparison``,
+and the tail veto from the summed buckets), so machine drift slower than a round (another
+process starting, thermal or frequency changes) lands on both roles and cancels in their ratio.
+A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or when its
+share of the time budget is spent, which leaves it Pending. ``confidence`` is that of the whole
+decision: each test runs at its share (``measure.family_split``, the operator's split). The
+per-batch verdicts go to ``lookahead_operator.decision.decide``; the table, the crossover and the
+decision are printed and a report (HTML with PNG plots, JSON) is written.
+
+The load generator's own per-token latency and tokens/s (usage-counted, client-side) are kept per
+role as a cross-check of the engine's numbers.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import httpx
 from lookahead_canary import loadgen, process, units
 from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 
-from . import engines
+from . import engines, measure, observations
 from .engines import MetricNames
 
 # both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and loses at 8
@@ -195,33 +201,52 @@ class EngineProcess:
 
 
 # ---------------------------------------------------------------------------------------------
-# engine /metrics snapshots
+# engine /metrics snapshots (the direct source of the one pipeline, observations.Increments)
 
 
 def scrape_metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
-    """``/metrics`` of an engine: sample name -> value summed over label sets (``_bucket`` dropped)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as r:
-        text = r.read().decode()
-    from .report import position_key
-
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name.endswith("_bucket") or s.name.endswith("_created"):
-                continue
-            out[s.name] = out.get(s.name, 0.0) + float(s.value)
-            if "position" in s.labels:  # per-position acceptance: kept per position too (report.py)
-                key = position_key(s.name, int(s.labels["position"]))
-                out[key] = out.get(key, 0.0) + float(s.value)
-    return out
+    """``/metrics`` of an engine: sample name -> value summed over label sets (``_bucket`` dropped;
+    the per-position acceptance counter also per position, ``report.position_key``)."""
+    return dict(observations.scrape_engine(url, None, timeout).values)
 
 
 def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
     if before is None or after is None:
         return {}
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+SCRAPE_ATTEMPTS = 3
+
+
+def _snapshot(url: str, m: MetricNames) -> observations.Snapshot:
+    """One read of an engine's ``/metrics`` (per-token-latency buckets included), retried twice
+    (an engine busy finishing a cancelled round can be slow to answer); raises ``OSError``."""
+    for attempt in range(SCRAPE_ATTEMPTS):
+        try:
+            return observations.scrape_engine(url, m)
+        except (OSError, ValueError):
+            if attempt == SCRAPE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def check_metrics(role: str, url: str, m: MetricNames) -> None:
+    """The engine exports what the statistics read (generated tokens, the per-token-latency
+    histogram), else an ``AnalyzeError`` that says what is missing: analyze has no client-side
+    fallback -- it measures what the operator measures."""
+    try:
+        snap = _snapshot(url, m)
+    except (OSError, ValueError) as exc:
+        raise AnalyzeError(f"cannot read the {role} engine's metrics at {url}/metrics ({exc}): analyze reads the "
+                           "engine's own counters, as the operator does (SGLang: start it with --enable-metrics)") \
+            from None
+    need = [m.generation_tokens] + ([f"{m.per_token_latency}_count"] if m.per_token_latency else
+                                    [f"{m.decode_time}_sum"] if m.decode_time else [])
+    missing = [n for n in need if n not in snap.values]
+    if missing:
+        raise AnalyzeError(f"the {role} engine at {url} exports no {', '.join(missing)} (engine {m.engine!r}: "
+                           "pass the right --engine)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,47 +265,50 @@ def _mean_ci(xs: Sequence[float], z: float = 1.96) -> tuple[float | None, float 
 
 @dataclass
 class RoleMeasurement:
-    """One role at one batch size, accumulated over rounds."""
+    """One role at one batch size, accumulated over rounds: the load generator's records (the
+    client's view, kept as a cross-check) and, per round, what the engine counted between reads of
+    its ``/metrics`` just before and just after the round (``increments``: what the statistics
+    read, through ``observations.paired_sample`` as the operator's Prometheus readings do)."""
 
     role: str
     batch_size: int
     requests: list[RequestResult] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
     windows: list[tuple[float, float]] = field(default_factory=list)
+    increments: list[observations.Increments | None] = field(default_factory=list)
     output_tokens: int = 0
     seconds: float = 0.0
     server: dict[str, float] = field(default_factory=dict)
     client_warnings: list[str] = field(default_factory=list)
 
-    def add_step(self, step: StepResult, server_delta: dict[str, float]) -> None:
+    def add_round(self, step: StepResult, inc: observations.Increments | None) -> None:
+        """One round: the load generator's record and the engine's increments over it (None when
+        its ``/metrics`` could not be read: the round's pair is then left out, never read as 0)."""
         self.requests += step.requests
         self.steps.append(step)
-        self.windows.append((step.start, step.end))
+        self.increments.append(inc)
+        self.windows.append((inc.start, inc.end) if inc is not None else (step.start, step.end))
         self.output_tokens += step.output_tokens
         self.seconds += step.duration_s
-        for k, v in server_delta.items():
+        for k, v in (inc.counters.items() if inc is not None else ()):
             self.server[k] = self.server.get(k, 0.0) + v
         if step.client.bottleneck:
             self.client_warnings.append(f"round {len(self.windows)}: " + "; ".join(step.client.reasons))
 
-    @property
-    def round_per_token_s(self) -> list[float | None]:
-        """One per-token latency per round (`round_per_token_s`; None where a round has none):
-        what the paired test reads, and what the report's means and error bars show."""
-        return [round_per_token_s(st) for st in self.steps]
+    def samples(self, m: MetricNames) -> list[observations.RoleSample]:
+        """One sample per round (``observations.role_sample`` of its increments)."""
+        return [observations.role_sample(inc, m) for inc in self.increments]
+
+    def per_token_s(self, m: MetricNames) -> list[float]:
+        return [s.per_token_latency_s for s in self.samples(m) if s.per_token_latency_s is not None]
+
+    def interval_tokens_per_s(self, m: MetricNames) -> list[float]:
+        return [s.tokens_per_s for s in self.samples(m) if s.tokens_per_s is not None]
 
     @property
-    def round_tokens_per_s(self) -> list[float | None]:
-        """One throughput per round (`round_tokens_per_s`; None for a round cut at the limit)."""
-        return [round_tokens_per_s(st) for st in self.steps]
-
-    @property
-    def per_token_s(self) -> list[float]:
-        return [x for x in self.round_per_token_s if x is not None]
-
-    @property
-    def interval_tokens_per_s(self) -> list[float]:
-        return [x for x in self.round_tokens_per_s if x is not None]
+    def client_per_token_s(self) -> list[float]:
+        """The client's per-token latency per round (`round_per_token_s`; a cross-check only)."""
+        return [x for x in (round_per_token_s(st) for st in self.steps) if x is not None]
 
     @property
     def errors(self) -> list[str]:
@@ -295,12 +323,15 @@ class RoleMeasurement:
         return self.server.get(num, 0.0) / d if d > 0 else None
 
     def summary(self, m: MetricNames) -> dict:
-        ptl_mean, ptl_ci = _mean_ci(self.per_token_s)
-        tps_mean, tps_ci = _mean_ci(self.interval_tokens_per_s)
+        ptl_mean, ptl_ci = _mean_ci(self.per_token_s(m))
+        tps_mean, tps_ci = _mean_ci(self.interval_tokens_per_s(m))
+        client_ptl, _ = _mean_ci(self.client_per_token_s)
         ttft = [r.ttft_s for r in self.requests if r.ok and r.ttft_s is not None]
         server_ptl = self.server_ratio(f"{m.per_token_latency}_sum", f"{m.per_token_latency}_count") \
             if m.per_token_latency else None
         acceptance = self.server_ratio(m.accepted_tokens, m.draft_tokens) if m.draft_tokens else None
+        engine_seconds = sum(inc.seconds for inc in self.increments if inc is not None)
+        generated = self.server.get(m.generation_tokens)
         return {
             "role": self.role,
             "batchSize": self.batch_size,
@@ -309,16 +340,21 @@ class RoleMeasurement:
             "cancelled": self.cancelled,
             "outputTokens": self.output_tokens,
             "seconds": round(self.seconds, 3),
+            # what the paired test reads: the engine's per-round numbers
             "perTokenMs": None if ptl_mean is None else 1e3 * ptl_mean,
             "perTokenMsCI95": None if ptl_ci is None else 1e3 * ptl_ci,
-            "perTokenSamples": len(self.per_token_s),
-            "tokensPerSecond": self.output_tokens / self.seconds if self.seconds > 0 and self.output_tokens else None,
+            "perTokenSamples": len(self.per_token_s(m)),
+            "tokensPerSecond": generated / engine_seconds if generated and engine_seconds > 0 else None,
             "intervalTokensPerSecondMean": tps_mean,
             "intervalTokensPerSecondCI95": tps_ci,
-            "throughputSamples": len(self.interval_tokens_per_s),
+            "throughputSamples": len(self.interval_tokens_per_s(m)),
+            # the client's view of the same rounds (usage-counted), a cross-check
+            "clientPerTokenMs": None if client_ptl is None else 1e3 * client_ptl,
+            "clientTokensPerSecond": self.output_tokens / self.seconds if self.seconds > 0 and self.output_tokens
+            else None,
             "ttftMs": 1e3 * statistics.fmean(ttft) if ttft else None,
             "serverPerTokenMs": None if server_ptl is None else 1e3 * server_ptl,
-            "serverGeneratedTokens": self.server.get(m.generation_tokens),
+            "serverGeneratedTokens": generated,
             "acceptanceRate": acceptance,
             "draftTokens": self.server.get(m.draft_tokens) if m.draft_tokens else None,
             "acceptedTokens": self.server.get(m.accepted_tokens) if m.accepted_tokens else None,
@@ -333,24 +369,29 @@ class RoleMeasurement:
 
 
 def make_thresholds(min_latency_improvement: float, max_throughput_regression: float, confidence: float,
-                    min_samples: int):
-    from .statistics import Thresholds
+                    min_samples: int, max_tail_latency_regression: float | None = None):
+    from .statistics import DEFAULT_MAX_TAIL_LATENCY_REGRESSION, Thresholds
 
     return Thresholds(min_latency_improvement=min_latency_improvement,
                       max_throughput_regression=max_throughput_regression,
-                      confidence=confidence, min_samples=min_samples)
+                      confidence=confidence, min_samples=min_samples,
+                      max_tail_latency_regression=(DEFAULT_MAX_TAIL_LATENCY_REGRESSION
+                                                   if max_tail_latency_regression is None
+                                                   else max_tail_latency_regression))
 
 
 def family_thresholds(thresholds, n_batch_sizes: int):
-    """Each test's level so that ``confidence`` holds for the whole decision (latency and throughput
-    at every batch size), split as the operator splits it (`Thresholds.for_family`)."""
-    return thresholds.for_family(n_batch_sizes, n_metrics=2)
+    """Each test's level so that ``confidence`` holds for the whole decision (per-token latency,
+    throughput and tail latency at every batch size): the operator's split (`measure.family_split`)."""
+    return measure.family_split(thresholds, n_batch_sizes)
 
 
 def pooled_per_token_s(requests: Sequence[RequestResult]) -> float | None:
-    """Per-token latency pooled over requests: summed (last token - first token) over summed
-    (completion tokens - 1) of the finished ones (vLLM's TPOT: the first token, which waits for the
-    prefill, is left out); None when no request produced two tokens."""
+    """Per-token latency pooled over requests, as the client saw it: summed (last token - first
+    token) over summed (completion tokens - 1) of the finished ones (vLLM's TPOT: the first token,
+    which waits for the prefill, is left out); None when no request produced two tokens. A
+    cross-check of the engine's numbers (the report's ``clientPerTokenMs``); the statistics read the
+    engine's own counters."""
     rs = [r for r in requests if r.ok and r.completion_tokens and r.completion_tokens > 1
           and r.first_token_at is not None and r.last_token_at is not None]
     n = sum(r.completion_tokens - 1 for r in rs)
@@ -358,39 +399,18 @@ def pooled_per_token_s(requests: Sequence[RequestResult]) -> float | None:
 
 
 def round_per_token_s(step: StepResult) -> float | None:
-    """A round's per-token latency for one role (`pooled_per_token_s` over its requests); None
-    when no request of the round produced two tokens (the pair is then left out)."""
+    """A round's per-token latency for one role as the client saw it (`pooled_per_token_s` over its
+    requests); None when no request of the round produced two tokens."""
     return pooled_per_token_s(step.requests)
 
 
 def round_tokens_per_s(step: StepResult) -> float | None:
-    """A round's throughput for one role: output tokens / the round's wall time (0 in a stall);
-    None for a round cut at the time limit (the client cannot count what the cancelled requests
-    produced)."""
+    """A round's throughput for one role as the client counted it: output tokens / the round's wall
+    time (0 in a stall); None for a round cut at the time limit (the client cannot count what the
+    cancelled requests produced; the engine can)."""
     if step.cancelled or step.duration_s <= 0:
         return None
     return step.output_tokens / step.duration_s
-
-
-def compare(control: RoleMeasurement, canary: RoleMeasurement, thresholds) -> tuple[Any, Any]:
-    """(latency ComparisonResult, throughput ComparisonResult), paired by round: round i of the
-    control and round i of the canary ran back to back on the same prompts (in alternating order),
-    so machine drift slower than a round lands on both and cancels in their ratio. The operator's
-    own paired test (`statistics.PairedComparison`) on one sample pair per round."""
-    from .statistics import PairedComparison
-
-    lat = PairedComparison.for_latency(thresholds)
-    tp = PairedComparison.for_throughput(thresholds)
-    for role, meas in (("control", control), ("canary", canary)):
-        lat.add(role, meas.round_per_token_s)
-        tp.add(role, meas.round_tokens_per_s)
-    return lat.result(), tp.result()
-
-
-def batch_verdict(batch_size: int, latency, throughput, acceptance: float | None):
-    from .decision import BatchVerdict
-
-    return BatchVerdict(batch_size=batch_size, latency=latency, throughput=throughput, acceptance_rate=acceptance)
 
 
 @dataclass
@@ -405,6 +425,20 @@ class BatchResult:
     rounds: int = 0
     stopped: str = ""
     seconds: float = 0.0
+
+    def pairs(self, m: MetricNames) -> list[observations.PairedSample]:
+        """Round i of the control and round i of the canary as one paired sample
+        (``observations.paired_sample``, the operator's function): they ran back to back on the same
+        prompts (in alternating order), so machine drift slower than a round lands on both and
+        cancels in their ratio."""
+        return [observations.paired_sample(c, k, m) for c, k in zip(self.control.increments, self.canary.increments)]
+
+    def judge(self, m: MetricNames, thresholds, engine: str) -> None:
+        """The verdict from the pairs so far, by the operator's function (``measure.paired_verdict``:
+        the paired tests, the tail veto, acceptance)."""
+        self.verdict = measure.paired_verdict(self.batch_size, self.pairs(m), thresholds, engine)
+        self.latency, self.throughput = self.verdict.latency, self.verdict.throughput
+        self.outcome = self.verdict.outcome(thresholds).value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +464,7 @@ class AnalyzeConfig:
     interval_s: float = DEFAULT_INTERVAL_S
     min_latency_improvement: float = 0.05
     max_throughput_regression: float = 0.02
+    max_tail_latency_regression: float = 1.0            # p95/p99 per-token latency at most 2x the control's
     confidence: float = 0.95
     min_samples: int = 6
     warmup_requests: int = 1
@@ -472,9 +507,10 @@ class AnalyzeResult:
                 "canaryTokensPerSecond": k["tokensPerSecond"],
                 "throughputChange": tp.estimate if tp is not None else None,
                 "throughputInterval": list(tp.interval) if tp is not None and tp.interval else None,
-                "acceptanceRate": k["acceptanceRate"],
+                "acceptanceRate": b.verdict.acceptance_rate if b.verdict is not None else k["acceptanceRate"],
                 "latency": lat.to_dict() if lat is not None else None,
                 "throughput": tp.to_dict() if tp is not None else None,
+                "tail": b.verdict.tail.to_dict() if b.verdict is not None and b.verdict.tail is not None else None,
                 "control": c,
                 "canary": k,
             })
@@ -504,17 +540,26 @@ class AnalyzeResult:
             "thresholds": {
                 "minLatencyImprovement": self.thresholds.min_latency_improvement,
                 "maxThroughputRegression": self.thresholds.max_throughput_regression,
+                "maxTailLatencyRegression": self.thresholds.max_tail_latency_regression,
                 "confidence": self.config.confidence,           # of the whole decision
                 "perTestConfidence": self.thresholds.confidence,  # each latency/throughput test's share
                 "minSamples": self.thresholds.min_samples,
             },
             "method": {
-                "latencySamples": ("per round and role: summed (last token - first token) over summed "
-                                   "(usage completion_tokens - 1) of the round's requests, client-side"),
-                "throughputSamples": "per round and role: output tokens / the round's wall time",
-                "statistics": ("paired: round i of the control and of the canary form one pair; anytime-valid "
-                               "confidence sequences on the pairs (statistics.PairedComparison), each test at "
-                               "its share of the decision's confidence"),
+                "latencySamples": (f"per round and role: the engine's own per-token latency histogram "
+                                   f"({m.per_token_latency}), increase of _sum / increase of _count between reads "
+                                   "of its /metrics just before and just after the round (the operator reads the "
+                                   "same counters from Prometheus)"),
+                "throughputSamples": (f"per round and role: increase of the engine's {m.generation_tokens} / the "
+                                      "time between the two reads"),
+                "tailLatency": ("p95/p99 per-token latency from the same histogram's buckets summed over the "
+                                "rounds (statistics.compare_tail_latency): a veto"),
+                "statistics": ("paired: round i of the control and of the canary form one pair "
+                               "(observations.paired_sample); anytime-valid confidence sequences on the pairs "
+                               "(statistics.PairedComparison) and the tail veto, by the operator's own "
+                               "measure.paired_verdict, each test at its share of the decision's confidence"),
+                "clientCheck": ("the load generator's own per-token latency (usage-counted) and tokens/s are "
+                                "kept per role (clientPerTokenMs, clientTokensPerSecond) as a cross-check"),
             },
             "engines": self.engines,
             "batches": rows,
@@ -550,15 +595,15 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
             # requests still running then are cancelled (a slow canary cannot overrun the run)
             remaining = t0 + budget_s - time.monotonic()
             hard = max(1.0, remaining / (len(order) - i))
-            before = after = None
-            with contextlib.suppress(Exception):   # an engine without /metrics: client-side numbers only
-                before = await asyncio.to_thread(scrape_metrics, urls[role])
+            # the engine's own counters just before and just after the round: the direct source of
+            # the operator's pipeline (observations.Increments -> paired_sample -> paired_verdict)
+            before = await _read(role, urls[role], m, log)
             step = await loadgen.run_step(client, urls[role], models[role], prompts, c, requests_per_step=per_round,
                                           step_duration=min(cfg.round_s, hard), prompt_offset=offset,
                                           interval_s=cfg.interval_s, max_duration=hard)
-            with contextlib.suppress(Exception):
-                after = await asyncio.to_thread(scrape_metrics, urls[role])
-            meas.add_step(step, metrics_delta(before, after))
+            after = await _read(role, urls[role], m, log)
+            meas.add_round(step, observations.increments_between(before, after)
+                           if before is not None and after is not None else None)
             if step.errors and not step.completed and not step.cancelled:
                 raise AnalyzeError(f"every request to the {role} engine failed at batch {c}: "
                                    f"{step.requests[0].error}")
@@ -566,10 +611,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         offset = max(len(res.control.requests), len(res.canary.requests))
         res.rounds += 1
         last_round_s = time.monotonic() - r0
-        res.latency, res.throughput = compare(res.control, res.canary, thresholds)
-        acc = res.canary.server_ratio(m.accepted_tokens, m.draft_tokens) if m.draft_tokens else None
-        res.verdict = batch_verdict(c, res.latency, res.throughput, acc)
-        res.outcome = res.verdict.outcome(thresholds).value
+        res.judge(m, thresholds, cfg.engine)
         elapsed = time.monotonic() - t0
         log(f"batch {c}: round {res.rounds} ({last_round_s:.1f} s) -> {res.outcome} "
             f"[latency n={res.latency.n_control}/{res.latency.n_canary}, "
@@ -588,6 +630,16 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
             break
     res.seconds += time.monotonic() - t0
     return res
+
+
+async def _read(role: str, url: str, m: MetricNames, log: ProgressFn) -> observations.Snapshot | None:
+    """One read of an engine's ``/metrics``; None (said in the log) when it fails after retries:
+    that round then has no sample for this role and its pair is left out."""
+    try:
+        return await asyncio.to_thread(_snapshot, url, m)
+    except (OSError, ValueError) as exc:
+        log(f"[yellow]could not read the {role} engine's /metrics ({exc}); this round's pair is left out")
+        return None
 
 
 WARMUP_TOKENS = 4
@@ -628,6 +680,8 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         models = {role: await loadgen.discover_model(client, url) for role, url in urls.items()}
         await _warmup(client, urls, models, prompts, cfg.warmup_requests, log)
+        for role, url in urls.items():
+            await asyncio.to_thread(check_metrics, role, url, m)
         from .decision import Action, decide
 
         t0 = time.monotonic()
@@ -688,7 +742,8 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
     t0 = time.monotonic()
     m = engines.metric_names(cfg.engine)
     thresholds = family_thresholds(make_thresholds(cfg.min_latency_improvement, cfg.max_throughput_regression,
-                                                   cfg.confidence, cfg.min_samples), len(cfg.batch_sizes))
+                                                   cfg.confidence, cfg.min_samples,
+                                                   cfg.max_tail_latency_regression), len(cfg.batch_sizes))
     prompts = loadgen.load_prompts(cfg.prompts, max_tokens=cfg.max_tokens)
     procs: dict[str, EngineProcess] = {}
     engines_info: dict[str, dict] = {}
@@ -724,7 +779,8 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
         for p in procs.values():
             p.stop()
     decision = decide([b.verdict for b in batches], thresholds, deadline_passed=True,
-                      max_batch_size=cfg.max_num_seqs if not cfg.engine_urls else None)
+                      max_batch_size=cfg.max_num_seqs if not cfg.engine_urls else None,
+                      planned=list(cfg.batch_sizes))
     return AnalyzeResult(config=cfg, batches=batches, decision=decision, thresholds=thresholds, metric_names=m,
                          engines=engines_info, started_at=started_at, wall_s=time.monotonic() - t0, load_s=load_s)
 
@@ -741,6 +797,16 @@ def _fraction(text: str) -> float:
 
     try:
         return parse_fraction(text)
+    except ValueError as exc:
+        raise BadArgument(str(exc)) from None
+
+
+def _rise(text: str) -> float:
+    """A rise over the control: '100%' -> 1.0 (up to 1000%, as the CRD's RisePercent), or a fraction."""
+    from lookahead_canary.units import parse_percent
+
+    try:
+        return parse_percent(text, hi=1000.0) / 100.0 if text.strip().endswith("%") else _fraction(text)
     except ValueError as exc:
         raise BadArgument(str(exc)) from None
 
@@ -787,6 +853,9 @@ def add_arguments(p) -> None:
                         "take one sample per round; default 2s)")
     p.add_argument("--min-latency-improvement", type=_fraction, default=0.05, help="e.g. 5%% (default)")
     p.add_argument("--max-throughput-regression", type=_fraction, default=0.02, help="e.g. 2%% (default)")
+    p.add_argument("--max-tail-latency-regression", type=_rise, default=1.0,
+                   help="largest rise of the canary's p95/p99 per-token latency over the control's, e.g. 100%% "
+                        "(default: at most twice the control's, the CRD's analysis.maxTailLatencyRegression)")
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="of the whole decision, split over the batch sizes and both metrics (default 0.95)")
     p.add_argument("--min-samples", type=int, default=6,
@@ -808,7 +877,8 @@ def config_from_args(args) -> AnalyzeConfig:
         max_rounds=args.max_rounds, budget_s=args.budget,
         time_limit_s=args.time_limit,
         interval_s=args.interval, min_latency_improvement=args.min_latency_improvement,
-        max_throughput_regression=args.max_throughput_regression, confidence=args.confidence,
+        max_throughput_regression=args.max_throughput_regression,
+        max_tail_latency_regression=args.max_tail_latency_regression, confidence=args.confidence,
         min_samples=args.min_samples, out=args.out,
     )
 

@@ -2,6 +2,12 @@
 decisions and guard checks the state machine consumes. Prometheus is read through
 ``observations`` (one implementation of the queries for the operator and ``analyze``).
 
+The step's verdict is the one pipeline ``kubectl lookahead analyze`` runs too (docs/analyze.md,
+"One pipeline"): per interval and role, the engine's counter increases
+(``observations.Increments``; here from Prometheus, there from the engine's own ``/metrics``),
+``observations.paired_sample`` for the pair, ``paired_verdict`` for the statistics, each test at
+its share of the policy's confidence (``family_split``), and ``decision.decide``.
+
 Samples are disjoint intervals of ``spec.analysis.sampleInterval`` (the confidence sequences assume
 independent samples; overlapping windows would make intervals too narrow):
 - per-token latency: the per-token-latency histogram's _sum / _count increase in the interval
@@ -77,8 +83,8 @@ def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], s
     pods ``labels`` select over [start, end], read by ``observations.observe`` (exact, reset-aware
     increases from the raw samples). One entry per window with a new scrape, ``None`` where a window
     has no value (no token finished); ``interval``: each entry's window index. A window without a
-    new scrape has no entry (merged into the next), so two calls with the same bounds pair up by
-    ``interval`` (``paired_windows``), not by position.
+    new scrape has no entry (merged into the next); pairing goes through ``batch_verdict``'s
+    increments, which keep one entry per window.
 
     Also, over the whole of [start, end]: ``acceptance`` (accepted / draft tokens),
     ``meanAcceptanceLength`` (1 + accepted / drafts: tokens per verification step) and
@@ -89,24 +95,8 @@ def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], s
                 "acceptanceByPosition": None}
     obs = observations.observe(prom, names, labels, start.timestamp(), end.timestamp(), interval_s=step)
     iv = obs.intervals
-    by_pos = obs.acceptance_by_position
-    out = {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
-           "interval": list(iv.interval),
-           "acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None,
-           "meanAcceptanceLength": obs.mean_acceptance_length.value if obs.mean_acceptance_length.ok else None,
-           # a vector only when every position has a value (positions share one denominator)
-           "acceptanceByPosition": [m.value for m in by_pos][:64] if by_pos and all(m.ok for m in by_pos) else None}
-    return out
-
-
-def paired_windows(control: dict[str, Any], canary: dict[str, Any], key: str) -> tuple[list, list]:
-    """``key`` (``latency`` / ``throughput``) of two ``interval_samples`` results over the same
-    bounds, aligned by window index: ``None`` on the side that has no scrape in a window (the pair
-    is left out and counted as dropped), so a gap in one role never shifts the later pairs."""
-    c = dict(zip(control["interval"], control[key]))
-    k = dict(zip(canary["interval"], canary[key]))
-    windows = sorted(c.keys() | k.keys())
-    return [c.get(i) for i in windows], [k.get(i) for i in windows]
+    return {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
+            "interval": list(iv.interval), **_acceptance_summary(obs)}
 
 
 def _le(value: str) -> float:
@@ -168,13 +158,7 @@ def tail_comparison(prom, names: engines.MetricNames, labels: dict[str, dict[str
     if not names.per_token_latency:
         return None
     buckets = {role: bucket_increases(prom, names.per_token_latency, labels[role], start, end) for role in b.ROLES}
-    if any(v is None for v in buckets.values()):
-        return None
-    try:
-        return compare_tail_latency(buckets["control"], buckets["canary"], th.max_tail_latency_regression,
-                                    th.confidence, design_effect=design_effect)
-    except ValueError:  # buckets that are not cumulative (series of one arm scraped apart): no tail this look
-        return None
+    return tail_from_buckets(buckets["control"], buckets["canary"], th, design_effect)
 
 
 def scraped_until(prom, names: engines.MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
@@ -198,6 +182,52 @@ def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:
     """Prometheus labels of a policy's canary or control pods (``policy``: namespace, name)."""
     namespace, name = policy
     return {api.PROM_LABEL_POLICY: name, api.PROM_LABEL_POLICY_NAMESPACE: namespace, api.PROM_LABEL_ROLE: role}
+
+
+# --- the one pipeline: paired samples -> statistics -> verdict (the operator and `analyze`) ----------
+
+#: Tests per batch size (per-token latency, throughput, tail latency): the family-wise split.
+METRICS_PER_BATCH = DEFAULT_METRICS_PER_BATCH
+
+
+def family_split(th: Thresholds, planned: int) -> Thresholds:
+    """Each test's share of ``th.confidence`` over ``planned`` batch sizes x ``METRICS_PER_BATCH``
+    tests (``Thresholds.for_family``): the operator's split, and ``analyze``'s."""
+    return th.for_family(max(1, planned), METRICS_PER_BATCH)
+
+
+def tail_from_buckets(control: dict[float, float] | None, canary: dict[float, float] | None, th: Thresholds,
+                      design_effect: float = 1.0) -> TailComparison | None:
+    """p95/p99 per-token latency, canary vs control, from each role's per-token-latency histogram
+    buckets over the step (``statistics.compare_tail_latency``). None when either role has no
+    buckets (an engine without the histogram, or not read): no tail, no veto."""
+    if control is None or canary is None:
+        return None
+    try:
+        return compare_tail_latency(control, canary, th.max_tail_latency_regression, th.confidence,
+                                    design_effect=design_effect)
+    except ValueError:  # buckets that are not cumulative (series of one arm read apart): no tail this look
+        return None
+
+
+def paired_verdict(batch_size: int, pairs: list[observations.PairedSample], th: Thresholds, engine: str, *,
+                   acceptance: float | None = None, acceptance_length: float | None = None) -> BatchVerdict:
+    """Canary vs control at one batch size from its paired samples (``observations.paired_sample``,
+    one per interval, whichever source read them): per-token latency and throughput by the paired
+    anytime-valid test (``PairedComparison``), the tail (p95/p99 from the summed histogram buckets)
+    as a veto, and the canary's acceptance rate. ``th``: each test's share (``family_split``).
+    ``acceptance`` / ``acceptance_length``: used only where the pairs carry no spec-decode
+    counters (an engine with gauges only)."""
+    lat, tp = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
+    lat.add_pairs([p.control.per_token_latency_s for p in pairs], [p.canary.per_token_latency_s for p in pairs])
+    tp.add_pairs([p.control.tokens_per_s for p in pairs], [p.canary.tokens_per_s for p in pairs])
+    canary = [p.canary for p in pairs]
+    rate = observations.acceptance_rate(canary)
+    length = observations.mean_acceptance_length(canary)
+    effect = tail_design_effect(engine, batch_size, length if length is not None else acceptance_length)
+    tail = tail_from_buckets(observations.summed_buckets(p.control for p in pairs),
+                             observations.summed_buckets(canary), th, effect)
+    return BatchVerdict(batch_size, lat.result(), tp.result(), rate if rate is not None else acceptance, tail=tail)
 
 
 # --- what each phase needs (statemachine.NEEDS) --------------------------------------------------
@@ -259,10 +289,14 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
                   end: datetime, engine: str, planned: int = 1) -> tuple[BatchVerdict, dict[str, Any]]:
     """Canary vs control at one batch size over [start + warmup, end], window by window (both arms
     are driven at once, so window i of each covers the same wall-clock interval: drift shared by
-    both cancels). Each test runs at its share of the policy's error budget (``planned`` batch
-    sizes x latency, throughput and tail; ``Thresholds.for_family``). The tail (p95/p99 per-token
-    latency from the histogram buckets over the whole step) is a veto: a canary faster on the mean
-    but with a tail beyond ``maxTailLatencyRegression`` Regresses."""
+    both cancels). The Prometheus source of the one pipeline: ``observations.observe`` reads each
+    role's per-window counter increases (``interval_increments``), ``observations.paired_sample``
+    turns window i of both into a pair, ``paired_verdict`` gives the verdict -- the same functions
+    ``kubectl lookahead analyze`` runs on its direct reads of the engines' ``/metrics``. Each test
+    runs at its share of the policy's error budget (``planned`` batch sizes x latency, throughput
+    and tail; ``family_split``). The tail (p95/p99 per-token latency from the histogram buckets
+    over the whole step) is a veto: a canary faster on the mean but with a tail beyond
+    ``maxTailLatencyRegression`` Regresses."""
     prom = _prom(spec)
     names = engines.metric_names(engine)
     th = family_thresholds(spec, planned)
@@ -270,22 +304,32 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     interval = spec.analysis.sample_interval.total_seconds()
     labels = {role: role_labels(policy, role) for role in b.ROLES}
     end = scraped_until(prom, names, list(labels.values()), end)
-    samples = {role: interval_samples(prom, names, labels[role], start, end, interval) for role in b.ROLES}
-    lat, tp = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
-    lat.add_pairs(*paired_windows(samples["control"], samples["canary"], "latency"))
-    tp.add_pairs(*paired_windows(samples["control"], samples["canary"], "throughput"))
-    tail = tail_comparison(prom, names, labels, start, end, th,
-                           tail_design_effect(engine, batch_size, samples["canary"]["meanAcceptanceLength"]))
-    return (BatchVerdict(batch_size, lat.result(), tp.result(), samples["canary"]["acceptance"], tail=tail),
-            samples["canary"])
+    obs = {role: (observations.observe(prom, names, labels[role], start.timestamp(), end.timestamp(),
+                                       interval_s=interval, tail_buckets=True)
+                  if end.timestamp() - start.timestamp() >= interval else None) for role in b.ROLES}
+    incs = {role: o.interval_increments if o is not None else [] for role, o in obs.items()}
+    # the same bounds for both roles: interval i of each is the same window
+    pairs = [observations.paired_sample(c, k, names) for c, k in zip(incs["control"], incs["canary"])]
+    canary = _acceptance_summary(obs["canary"])
+    bv = paired_verdict(batch_size, pairs, th, engine, acceptance=canary["acceptance"],
+                        acceptance_length=canary["meanAcceptanceLength"])
+    return bv, canary
 
 
-#: Tests per batch size (per-token latency, throughput, tail latency): the family-wise split.
-METRICS_PER_BATCH = DEFAULT_METRICS_PER_BATCH
+def _acceptance_summary(obs: observations.Observation | None) -> dict[str, Any]:
+    """Acceptance over the whole window as ``interval_samples`` reports it (each ``None`` when not
+    measured)."""
+    if obs is None:
+        return {"acceptance": None, "meanAcceptanceLength": None, "acceptanceByPosition": None}
+    by_pos = obs.acceptance_by_position
+    return {"acceptance": obs.acceptance_rate.value if obs.acceptance_rate.ok else None,
+            "meanAcceptanceLength": obs.mean_acceptance_length.value if obs.mean_acceptance_length.ok else None,
+            # a vector only when every position has a value (positions share one denominator)
+            "acceptanceByPosition": [m.value for m in by_pos][:64] if by_pos and all(m.ok for m in by_pos) else None}
 
 
 def family_thresholds(spec: LookaheadPolicySpec, planned: int) -> Thresholds:
-    return thresholds(spec).for_family(max(1, planned), METRICS_PER_BATCH)
+    return family_split(thresholds(spec), planned)
 
 
 def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,

@@ -18,6 +18,14 @@ series matching ``selector_labels`` (e.g. ``{"lookahead_dev_policy": "p", "looka
 * mean running batch and waiting queue -- time average of the gauges per pod, averaged over pods;
 * per-interval samples (throughput, per-token latency) for the sequential statistics.
 
+One pipeline (the operator and ``kubectl lookahead analyze`` alike): an observation of one role
+over one interval is an :class:`Increments` -- the increases of the engine's own counters and of
+its per-token-latency histogram's buckets -- and :func:`paired_sample` turns the control's and the
+canary's over one interval into the :class:`PairedSample` the statistics read
+(``measure.paired_verdict``). Only the source of the increments differs: Prometheus
+(:func:`prometheus_increments`, ``Observation.interval_increments``; the operator), or two direct
+reads of the engine's ``/metrics`` (:func:`scrape_engine`, :func:`increments_between`; ``analyze``).
+
 Every value is a :class:`Measured`: a number with ``state == "ok"``, or an explicit ``sparse``
 (too little data: the estimate is kept but flagged) or ``missing`` (no series, nothing finished,
 not scraped yet) state with the reason in words. Nothing missing ever reads as zero.
@@ -179,6 +187,9 @@ class Observation:
     #: index = draft position (vLLM's ``position`` label); empty when unavailable (reason below)
     acceptance_by_position: list[Measured] = field(default_factory=list)
     acceptance_by_position_reason: str = ""
+    #: the per-interval counter increases behind ``intervals``, one per interval of the window
+    #: (None where Prometheus had no new scrape: merged into the next), for ``paired_sample``
+    interval_increments: list["Increments | None"] = field(default_factory=list)
 
     @property
     def role(self) -> str | None:
@@ -204,6 +215,231 @@ class Observation:
         for k, v in self.values().items():
             d[k] = v.to_dict()
         return d
+
+
+# ---------------------------------------------------------------------------------------------
+# One pipeline: increments -> paired sample (the operator and ``kubectl lookahead analyze`` alike)
+
+
+@dataclass(frozen=True)
+class Increments:
+    """What one role's engines counted over one interval ``[start, end]`` (Unix seconds): the
+    increase of each counter sample of their own ``/metrics`` (sample name -> increase, summed over
+    series: ``vllm:generation_tokens_total``, ``vllm:inter_token_latency_seconds_sum`` / ``_count``,
+    ``vllm:spec_decode_num_draft_tokens_total``, ...), and where read the per-token-latency
+    histogram's bucket increases (``le`` -> count, ``+Inf`` included; for the tail comparison).
+
+    Two sources make them, and nothing downstream knows which: two direct reads of the engine's
+    ``/metrics`` (:func:`scrape_engine`, :func:`increments_between`; ``kubectl lookahead analyze``),
+    or Prometheus (:func:`prometheus_increments`; the operator), whose ``start``/``end`` are the
+    times of the samples the increase runs between."""
+
+    start: float
+    end: float
+    counters: Mapping[str, float]
+    buckets: Mapping[float, float] | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def get(self, name: str | None) -> float | None:
+        return self.counters.get(name) if name else None
+
+
+@dataclass(frozen=True)
+class RoleSample:
+    """One role's numbers for one interval, as the sequential statistics read them.
+
+    ``per_token_latency_s``: None when no token after a request's first was observed (never 0);
+    ``tokens_per_s``: 0.0 in a stall (the engine was read and generated nothing), None when there
+    is no reading at all."""
+
+    per_token_latency_s: float | None = None
+    tokens_per_s: float | None = None
+    output_tokens: float | None = None
+    seconds: float | None = None
+    requests: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    drafts: float | None = None
+    buckets: Mapping[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class PairedSample:
+    """Control and canary over one interval (the same wall-clock window for the operator, which
+    drives both at once; round i of each for ``analyze``, which alternates them)."""
+
+    control: RoleSample
+    canary: RoleSample
+
+
+def _counter_names(m: MetricNames) -> list[str]:
+    """The counter samples :func:`role_sample` reads."""
+    names = [m.generation_tokens]
+    if m.per_token_latency:
+        names += [f"{m.per_token_latency}_sum", f"{m.per_token_latency}_count"]
+    if m.e2e:
+        names.append(f"{m.e2e}_count")
+    if m.decode_time:
+        names.append(f"{m.decode_time}_sum")
+    names += [n for n in (m.drafts, m.draft_tokens, m.accepted_tokens) if n]
+    return names
+
+
+def role_sample(inc: Increments | None, m: MetricNames) -> RoleSample:
+    """One role's sample from its increments over one interval:
+
+    * per-token latency: increase of the per-token histogram's ``_sum`` / of its ``_count``
+      (the reference engine's and SGLang's per-token ITL, vLLM's ``request_time_per_output_token``;
+      never vLLM's per-chunk ITL); where the engine lacks it, decode time / (generated tokens -
+      requests);
+    * throughput: increase of the generated-tokens counter / the interval's seconds (0 in a stall);
+    * the spec-decode counters' increases and the histogram's buckets, passed on for acceptance
+      and the tail."""
+    if inc is None:
+        return RoleSample()
+    gen = inc.get(m.generation_tokens)
+    secs = inc.seconds
+    requests = inc.get(f"{m.e2e}_count") if m.e2e else None
+    ptl = None
+    if m.per_token_latency:
+        s, c = inc.get(f"{m.per_token_latency}_sum"), inc.get(f"{m.per_token_latency}_count")
+        if s is not None and c is not None and c > 0:
+            ptl = s / c
+    elif m.decode_time and gen is not None and requests is not None:
+        d = inc.get(f"{m.decode_time}_sum")
+        if d is not None and gen - requests > 0:
+            ptl = d / (gen - requests)
+    return RoleSample(
+        per_token_latency_s=ptl,
+        tokens_per_s=(gen / secs) if gen is not None and secs > 0 else None,
+        output_tokens=gen, seconds=secs, requests=requests,
+        draft_tokens=inc.get(m.draft_tokens), accepted_tokens=inc.get(m.accepted_tokens), drafts=inc.get(m.drafts),
+        buckets=dict(inc.buckets) if inc.buckets is not None else None)
+
+
+def paired_sample(control: Increments | None, canary: Increments | None, m: MetricNames) -> PairedSample:
+    """THE one function from an observation of both roles over one interval to the paired sample
+    the statistics read, whichever source the increments came from (module docstring). ``None``
+    for a role without a reading: its values are missing (the pair is left out), never 0."""
+    return PairedSample(role_sample(control, m), role_sample(canary, m))
+
+
+def _total(xs: Iterable[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) if vals else None
+
+
+def summed_buckets(samples: Iterable[RoleSample]) -> dict[float, float] | None:
+    """One role's per-token-latency buckets over all its intervals (None if any read lacks them)."""
+    out: dict[float, float] = {}
+    seen = False
+    for s in samples:
+        if s.tokens_per_s is None:
+            continue            # no reading in this interval (merged into the next, or failed)
+        if s.buckets is None:
+            return None
+        seen = True
+        for le, v in s.buckets.items():
+            out[le] = out.get(le, 0.0) + v
+    return out if seen and math.inf in out else None
+
+
+def acceptance_rate(samples: Iterable[RoleSample]) -> float | None:
+    """Accepted / draft tokens over the intervals (None when nothing was drafted)."""
+    samples = list(samples)
+    d, a = _total(s.draft_tokens for s in samples), _total(s.accepted_tokens for s in samples)
+    return a / d if d and a is not None else None
+
+
+def mean_acceptance_length(samples: Iterable[RoleSample]) -> float | None:
+    """Tokens per verification step over the intervals, bonus token included: 1 + accepted /
+    drafts (an engine without an accepted-token counter: generated / drafts, as SGLang)."""
+    samples = list(samples)
+    drafts = _total(s.drafts for s in samples)
+    if not drafts:
+        return None
+    a = _total(s.accepted_tokens for s in samples)
+    if a is not None:
+        return 1.0 + a / drafts
+    gen = _total(s.output_tokens for s in samples)
+    return gen / drafts if gen else None
+
+
+# --- the direct source: an engine's own /metrics --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of an engine's ``/metrics``: sample name -> value summed over label sets (the
+    per-position acceptance counter also per position, under ``report.position_key``), and the
+    per-token-latency histogram's cumulative buckets (``le`` -> count)."""
+
+    t: float
+    values: Mapping[str, float]
+    buckets: Mapping[float, float] | None = None
+
+
+def parse_exposition(text: str, bucket_metric: str | None = None) -> tuple[dict[str, float], dict[float, float]]:
+    """Prometheus text exposition -> (sample name -> value summed over label sets, ``_bucket`` and
+    ``_created`` samples left out; buckets of ``bucket_metric`` (base name) by ``le``, summed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from .report import position_key
+
+    values: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    want = f"{bucket_metric}_bucket" if bucket_metric else None
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                if s.name == want and "le" in s.labels:
+                    le = _le_of((("le", s.labels["le"]),))
+                    buckets[le] = buckets.get(le, 0.0) + float(s.value)
+                continue
+            if s.name.endswith("_created"):
+                continue
+            values[s.name] = values.get(s.name, 0.0) + float(s.value)
+            if POSITION_LABEL in s.labels:
+                key = position_key(s.name, int(s.labels[POSITION_LABEL]))
+                values[key] = values.get(key, 0.0) + float(s.value)
+    return values, buckets
+
+
+def scrape_engine(url: str, engine_metrics: MetricNames | str | None = None, timeout: float = 10.0) -> Snapshot:
+    """Read an engine's ``/metrics`` once (``urllib``; raises ``OSError`` when it cannot). The time
+    is the middle of the request (the engine renders its counters while answering)."""
+    import urllib.request
+
+    m = engine_metrics if isinstance(engine_metrics, MetricNames) or engine_metrics is None \
+        else metric_names(engine_metrics)
+    t0 = time.time()
+    with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=timeout) as r:
+        text = r.read().decode()
+    t1 = time.time()
+    values, buckets = parse_exposition(text, m.per_token_latency if m is not None else None)
+    return Snapshot(t=(t0 + t1) / 2.0, values=values, buckets=buckets or None)
+
+
+def increments_between(before: Snapshot, after: Snapshot) -> Increments:
+    """The direct source of :class:`Increments`: what the engine counted between two reads of its
+    ``/metrics``. A value that went down is a restart: the new value is all new (as Prometheus
+    counts a counter reset)."""
+    if after.t <= before.t:
+        raise ValueError(f"snapshots out of order: {before.t} then {after.t}")
+
+    def inc(b: float | None, a: float) -> float:
+        return a - (b or 0.0) if a >= (b or 0.0) else a
+
+    counters = {k: inc(before.values.get(k), v) for k, v in after.values.items()}
+    buckets = None
+    if after.buckets is not None and before.buckets is not None:
+        buckets = {le: inc(before.buckets.get(le), v) for le, v in sorted(after.buckets.items())}
+    elif after.buckets is not None:
+        buckets = dict(sorted(after.buckets.items()))
+    return Increments(start=before.t, end=after.t, counters=counters, buckets=buckets)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,12 +624,13 @@ def _gauge_mean(r: _Reader, metric: str | None, what: str) -> Measured:
 def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
             start: float, end: float, *, interval_s: float | None = None,
             min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
-            now: float | None = None) -> Observation:
+            now: float | None = None, tail_buckets: bool = False) -> Observation:
     """Observe one role (``selector_labels``) in one window ``[start, end]`` (Unix seconds).
 
     ``prom``: a Prometheus URL or a ``PrometheusConnect``. ``interval_s``: length of the
     per-interval samples (default: a tenth of the window, at least 1 s); use at least the
-    scrape interval.
+    scrape interval. ``tail_buckets``: the per-interval increments (``interval_increments``) also
+    carry the per-token-latency histogram's buckets (for the tail comparison).
     """
     if end <= start:
         raise ValueError(f"empty window: end {end} <= start {start}")
@@ -479,7 +716,9 @@ def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mappi
     running = _gauge_mean(r, m.running, "running requests")
     waiting = _gauge_mean(r, m.waiting, "waiting requests")
 
-    intervals = _intervals(r, m, interval_s or max(1.0, window / 10.0))
+    increments = _interval_increments(r, m, _bounds(start, end, interval_s or max(1.0, window / 10.0)),
+                                      buckets=tail_buckets)
+    intervals = _interval_samples(increments, m)
     return Observation(selector=dict(selector_labels), start=start, end=end, engine=m.engine,
                        per_token_latency_s=ptl, per_token_latency_source=source, output_tokens=output_tokens,
                        output_tokens_per_s=tput, requests=requests, ttft_s=ttft, e2e_s=e2e, queue_time_s=queue,
@@ -487,7 +726,7 @@ def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mappi
                        draft_tokens=draft_tokens, accepted_tokens=accepted, mean_running=running,
                        mean_waiting=waiting, intervals=intervals, notes=notes, drafts=drafts,
                        mean_acceptance_length=mean_length, acceptance_by_position=by_position,
-                       acceptance_by_position_reason=by_position_reason)
+                       acceptance_by_position_reason=by_position_reason, interval_increments=increments)
 
 
 POSITION_LABEL = "position"
@@ -596,50 +835,110 @@ def _series_boundary_values(pts: Series, bounds: Sequence[float]) -> list[tuple[
     return out
 
 
-def _intervals(r: _Reader, m: MetricNames, interval_s: float) -> IntervalSamples:
-    out = IntervalSamples()
-    n = max(1, int(math.ceil((r.end - r.start) / interval_s - 1e-9)))
-    bounds = [r.start + k * interval_s for k in range(n)] + [r.end]
+def _bounds(start: float, end: float, interval_s: float) -> list[float]:
+    """``start, start + interval_s, ...`` and ``end``: the last interval takes the remainder."""
+    n = max(1, int(math.ceil((end - start) / interval_s - 1e-9)))
+    return [start + k * interval_s for k in range(n)] + [end]
 
-    def per_boundary(metric: str | None) -> list[tuple[float, float] | None] | None:
-        if not metric:
-            return None
-        series = r.series(metric)
-        if not series:
-            return None
-        cols = [_series_boundary_values(pts, bounds) for pts in series.values()]
+
+def _boundary_values(r: _Reader, metric: str | None, bounds: Sequence[float],
+                     group: Callable[[tuple], Any] | None = None) -> dict[Any, list[tuple[float, float] | None]] | None:
+    """Per boundary: (sample time, reset-corrected cumulative value summed over the series of
+    ``metric``), None where a series has no sample there yet. ``group``: sum the series per key of
+    their labels instead (the ``le`` of a histogram's buckets); without it, one key, None."""
+    if not metric:
+        return None
+    series = r.series(metric)
+    if not series:
+        return None
+    by_key: dict[Any, list[list[tuple[float, float] | None]]] = {}
+    for labels, pts in series.items():
+        key = group(labels) if group else None
+        if group and key is None:
+            continue
+        by_key.setdefault(key, []).append(_series_boundary_values(pts, bounds))
+    out: dict[Any, list[tuple[float, float] | None]] = {}
+    for key, cols in by_key.items():
         agg: list[tuple[float, float] | None] = []
         for k in range(len(bounds)):
             pts = [c[k] for c in cols]
-            if any(p is None for p in pts):
-                agg.append(None)
-            else:
-                agg.append((max(p[0] for p in pts), sum(p[1] for p in pts)))
-        return agg
+            agg.append(None if any(p is None for p in pts) else (max(p[0] for p in pts), sum(p[1] for p in pts)))
+        out[key] = agg
+    return out or None
 
-    gen = per_boundary(m.generation_tokens)
+
+def _le_of(labels: tuple) -> float | None:
+    le = dict(labels).get("le")
+    if le is None:
+        return None
+    return math.inf if le.strip().lower() in ("+inf", "inf") else float(le)
+
+
+def _interval_increments(r: _Reader, m: MetricNames, bounds: Sequence[float],
+                         buckets: bool = False) -> list["Increments | None"]:
+    """The Prometheus source of :class:`Increments`: one per interval ``[bounds[k], bounds[k+1]]``,
+    from the raw samples (reset-aware; the last sample at or before an inner boundary, the first at
+    or after the last one). An interval without a new scrape of the generation counter is ``None``
+    and merged into the next (which then spans both), so the list stays aligned with ``bounds``:
+    the same bounds for two roles give pairs by position."""
+    names = _counter_names(m)
+    cols = {name: _boundary_values(r, name, bounds) for name in names}
+    gen = (cols.get(m.generation_tokens) or {}).get(None)
+    hist = (_boundary_values(r, f"{m.per_token_latency}_bucket", bounds, group=_le_of)
+            if buckets and m.per_token_latency else None)
+    out: list[Increments | None] = []
     if gen is None:
-        return out
-    psum = per_boundary(f"{m.per_token_latency}_sum" if m.per_token_latency else None)
-    pcnt = per_boundary(f"{m.per_token_latency}_count" if m.per_token_latency else None)
-    rcnt = per_boundary(f"{m.e2e}_count" if m.e2e else None)
+        return [None] * (len(bounds) - 1)
     last = 0
     for k in range(1, len(bounds)):
         a, b = gen[last], gen[k]
         if a is None or b is None or b[0] - a[0] <= 1e-9:
-            continue   # no new scrape in this interval: merge it into the next
-        out.interval.append(k - 1)
-        out.t.append(b[0])
-        out.seconds.append(b[0] - a[0])
-        out.output_tokens.append(b[1] - a[1])
-        out.output_tokens_per_s.append((b[1] - a[1]) / (b[0] - a[0]))
-        out.requests.append(rcnt[k][1] - rcnt[last][1] if rcnt and rcnt[k] and rcnt[last] else 0.0)
-        if psum and pcnt and psum[k] and psum[last] and pcnt[k] and pcnt[last] and pcnt[k][1] > pcnt[last][1]:
-            out.per_token_latency_s.append((psum[k][1] - psum[last][1]) / (pcnt[k][1] - pcnt[last][1]))
-        else:
-            out.per_token_latency_s.append(None)
+            out.append(None)   # no new scrape in this interval: merged into the next
+            continue
+        counters = {}
+        for name, col in cols.items():
+            vals = (col or {}).get(None)
+            if vals and vals[k] is not None and vals[last] is not None:
+                counters[name] = vals[k][1] - vals[last][1]
+        bk = None
+        if hist is not None and math.inf in hist and all(v[k] is not None and v[last] is not None
+                                                         for v in hist.values()):
+            bk = {le: v[k][1] - v[last][1] for le, v in sorted(hist.items())}
+        out.append(Increments(start=a[0], end=b[0], counters=counters, buckets=bk))
         last = k
     return out
+
+
+def _interval_samples(incs: Sequence["Increments | None"], m: MetricNames) -> IntervalSamples:
+    """``IntervalSamples`` of the intervals that have a reading (``role_sample`` of each)."""
+    out = IntervalSamples()
+    for k, inc in enumerate(incs):
+        if inc is None:
+            continue
+        s = role_sample(inc, m)
+        out.interval.append(k)
+        out.t.append(inc.end)
+        out.seconds.append(inc.seconds)
+        out.output_tokens.append(s.output_tokens or 0.0)
+        out.output_tokens_per_s.append(s.tokens_per_s or 0.0)
+        out.requests.append(s.requests or 0.0)
+        out.per_token_latency_s.append(s.per_token_latency_s)
+    return out
+
+
+def prometheus_increments(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
+                          bounds: Sequence[float], *, buckets: bool = False,
+                          lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None
+                          ) -> list["Increments | None"]:
+    """:class:`Increments` of the engines ``selector_labels`` select, per interval between
+    consecutive ``bounds`` (Unix seconds), read from Prometheus (range queries of the raw samples;
+    see the module docstring for why not ``increase()``). ``buckets``: also the per-token-latency
+    histogram's bucket increases (for the tail comparison)."""
+    if len(bounds) < 2 or any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"bounds must be at least two increasing times, got {list(bounds)}")
+    m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
+    r = _Reader(prom, selector_labels, bounds[0], bounds[-1], lookback_s=lookback_s, now=now)
+    return _interval_increments(r, m, bounds, buckets=buckets)
 
 
 def observe_roles(prom: Any, engine_metrics: MetricNames | str, base_labels: Mapping[str, str],

@@ -152,7 +152,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from lookahead_canary.metrics import PER_TOKEN_BUCKETS
-from lookahead_operator import measure
+from lookahead_operator import measure, observations
 from lookahead_operator.decision import BatchOutcome
 from lookahead_operator.engines import metric_names
 from lookahead_operator.models import Progress, TargetStatus
@@ -399,8 +399,107 @@ def test_a_scrape_gap_in_one_role_leaves_that_window_out_of_the_pairs_instead_of
         assert (control[i], canary[i]) == (pytest.approx(1 / rates[i]), pytest.approx(1 / canary_rates[i])), i
 
 
-def test_paired_windows_align_by_window_index():
-    control = {"interval": [0, 2, 3], "throughput": [10.0, 30.0, 40.0]}
-    canary = {"interval": [0, 1, 2, 3], "throughput": [11.0, 0.0, 33.0, 44.0]}
-    assert measure.paired_windows(control, canary, "throughput") == ([10.0, None, 30.0, 40.0], [11.0, 0.0, 33.0, 44.0])
-    assert measure.paired_windows({"interval": [], "throughput": []}, canary, "throughput")[0] == [None] * 4
+# --- one pipeline: the direct source and the Prometheus source of the same engine run ------------
+
+def _tokens(rng, per_token, start, seconds):
+    """(completion times, per-token latencies) of one engine's tokens at batch 1."""
+    t, times, lats = start, [], []
+    while t < start + seconds:
+        lat = per_token * rng.lognormal(0, 0.1)
+        t += lat
+        times.append(t)
+        lats.append(lat)
+    return np.array(times), np.array(lats)
+
+
+def _counters_at(times, lats, t):
+    """What the engine's /metrics says at time t: its counters and per-token buckets."""
+    n = int(np.searchsorted(times, t, side="right"))
+    values = {REF.generation_tokens: float(n), f"{REF.per_token_latency}_sum": float(lats[:n].sum()),
+              f"{REF.per_token_latency}_count": float(n)}
+    buckets = {le: float((lats[:n] <= le).sum()) for le in list(PER_TOKEN_BUCKETS) + [math.inf]}
+    return values, buckets
+
+
+def _scraped(store, labels, times, lats, start, seconds):
+    """Prometheus scraping that engine every second (its samples, as a range query returns them)."""
+    for t in np.arange(start - 10, start + seconds + 11, 1.0):
+        values, buckets = _counters_at(times, lats, t)
+        for name, v in values.items():
+            store.add(name, labels, [(float(t), v)])
+        for le, v in buckets.items():
+            store.add(f"{REF.per_token_latency}_bucket", {**labels, "le": "+Inf" if math.isinf(le) else str(le)},
+                      [(float(t), v)])
+
+
+def _merge(store):
+    """One series per name and label set (the helper above adds one point at a time)."""
+    merged = {}
+    for name, labels, pts in store.series:
+        merged.setdefault((name, tuple(sorted(labels.items()))), []).extend(pts)
+    store.series = [(n, dict(lab), sorted(p)) for (n, lab), p in merged.items()]
+
+
+def test_the_direct_and_the_prometheus_source_of_one_run_give_the_same_pairs_and_verdict():
+    """Issue 11, one pipeline: the same engine run read through its own /metrics at the interval
+    bounds (`analyze`'s source) and through Prometheus (the operator's) gives identical increments
+    when the scrapes fall on the bounds, so identical pairs and the identical verdict; with the
+    bounds between scrapes the increments differ by the scrape offset and the verdict does not."""
+    rng = np.random.default_rng(5)
+    start, seconds = T0.timestamp(), 40.0
+    runs = {"control": _tokens(rng, 0.020, start, seconds), "canary": _tokens(rng, 0.013, start, seconds)}
+    store = Store()
+    labels = {role: measure.role_labels(("ns", "p"), role) for role in runs}
+    for role, (times, lats) in runs.items():
+        _scraped(store, {**labels[role], "pod": role}, times, lats, start, seconds)
+    _merge(store)
+    th = measure.family_split(Thresholds(confidence=0.95, min_samples=6), 1)
+
+    def direct(bounds):
+        out = {}
+        for role, (times, lats) in runs.items():
+            snaps = [observations.Snapshot(t, *_counters_at(times, lats, t)) for t in bounds]
+            out[role] = [observations.increments_between(a, b) for a, b in zip(snaps, snaps[1:])]
+        return out
+
+    def prom(bounds):
+        return {role: observations.prometheus_increments(store, REF, labels[role], bounds, buckets=True,
+                                                         now=start + seconds + 20) for role in runs}
+
+    def verdict(incs):
+        pairs = [observations.paired_sample(c, k, REF) for c, k in zip(incs["control"], incs["canary"])]
+        return pairs, measure.paired_verdict(1, pairs, th, "reference")
+
+    on_scrapes = [start + 2.0 * k for k in range(1, 19)]
+    a, b = direct(on_scrapes), prom(on_scrapes)
+    for role in runs:
+        assert [(i.start, i.end, dict(i.counters), dict(i.buckets)) for i in a[role]] == \
+            [(i.start, i.end, {k: v for k, v in i.counters.items() if k in a[role][0].counters}, dict(i.buckets))
+             for i in b[role]]
+    (pa, va), (pb, vb) = verdict(a), verdict(b)
+    assert pa == pb and va == vb
+    assert va.outcome(th).value == "Wins" and va.tail is not None
+
+    between = [t + 0.5 for t in on_scrapes]
+    a, b = direct(between), prom(between)
+    assert a["control"][0].counters[REF.generation_tokens] != b["control"][0].counters[REF.generation_tokens]
+    (pa, va), (pb, vb) = verdict(a), verdict(b)
+    assert pa != pb
+    assert va.outcome(th) == vb.outcome(th) and va.latency.verdict == vb.latency.verdict \
+        and va.throughput.verdict == vb.throughput.verdict
+
+
+def test_prometheus_increments_stay_aligned_when_an_interval_has_no_new_scrape():
+    """An interval without a new scrape is None (merged into the next), so the list keeps one entry
+    per interval and two roles read with the same bounds still pair by position."""
+    store = Store()
+    lab = {"pod": "a"}
+    pts = [(100.0 + t, 10.0 * t) for t in (0, 1, 2, 5, 6, 7, 8)]   # no scrape between 2 and 5
+    store.add(REF.generation_tokens, lab, pts)
+    incs = observations.prometheus_increments(store, REF, lab, [100.5, 101.5, 102.5, 103.5, 104.5, 105.5, 106.5],
+                                              now=200.0)
+    assert len(incs) == 6
+    assert incs[2] is None and incs[3] is None
+    assert incs[4].start == 102.0 and incs[4].end == 105.0 and incs[4].counters[REF.generation_tokens] == 30.0
+    assert observations.role_sample(incs[4], REF).tokens_per_s == pytest.approx(10.0)
+    assert observations.role_sample(None, REF).tokens_per_s is None

@@ -7,6 +7,7 @@ can be pinned down exactly. The real Prometheus is in tests/integration/test_obs
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -386,3 +387,47 @@ def test_intervals_say_which_window_each_entry_is_across_a_scrape_gap_and_a_stal
     assert iv.output_tokens_per_s == pytest.approx([10.0, 10.0, 40.0])   # window 2: 100 tokens over 10 s
     stalled = obs.observe(store, V, SEL, 115.0, 125.0, interval_s=5.0, now=200.0).intervals
     assert stalled.interval == [0, 1] and stalled.output_tokens_per_s == pytest.approx([40.0, 0.0])
+# --- the direct source: an engine's own /metrics -------------------------------------------------
+
+R = metric_names("reference")
+
+
+def test_parse_exposition_reads_the_reference_engines_counters_and_per_token_buckets():
+    from lookahead_canary.metrics import EngineMetrics
+
+    em = EngineMetrics("m", info={"method": "jacobi", "ngram": "3"})
+    em.observe_generated(5)
+    em.observe_tokens(0.03, 2)      # two tokens, 15 ms each
+    em.observe_tokens(0.2, 1)       # one token after 200 ms
+    em.observe_spec(6, 2)
+    values, buckets = obs.parse_exposition(em.render()[0].decode(), R.per_token_latency)
+    assert values[R.generation_tokens] == 5
+    assert values[f"{R.per_token_latency}_count"] == 3
+    assert values[f"{R.per_token_latency}_sum"] == pytest.approx(0.23)
+    assert values[R.draft_tokens] == 6 and values[R.accepted_tokens] == 2 and values[R.drafts] == 1
+    assert not any(k.endswith("_bucket") for k in values)
+    assert buckets[0.015] == 2 and buckets[0.2] == 3 and buckets[math.inf] == 3 and buckets[0.01] == 0
+    from lookahead_operator.report import position_key
+    assert [values[position_key(R.accepted_per_position, k)] for k in (0, 1)] == [1, 1]
+
+
+def test_increments_between_two_reads_and_a_restart_in_between():
+    a = obs.Snapshot(10.0, {R.generation_tokens: 100.0, "x": 5.0}, {0.1: 4.0, math.inf: 6.0})
+    b = obs.Snapshot(12.5, {R.generation_tokens: 130.0, "x": 2.0}, {0.1: 9.0, math.inf: 12.0})
+    inc = obs.increments_between(a, b)
+    assert inc.seconds == 2.5 and inc.counters[R.generation_tokens] == 30.0
+    assert inc.counters["x"] == 2.0, "a counter that went down restarted: its new value is all new"
+    assert inc.buckets == {0.1: 5.0, math.inf: 6.0}
+    assert obs.role_sample(inc, R).tokens_per_s == pytest.approx(12.0)
+    with pytest.raises(ValueError):
+        obs.increments_between(b, a)
+
+
+def test_role_sample_never_reads_missing_as_zero():
+    idle = obs.Increments(0.0, 2.0, {R.generation_tokens: 0.0, f"{R.per_token_latency}_sum": 0.0,
+                                     f"{R.per_token_latency}_count": 0.0})
+    s = obs.role_sample(idle, R)
+    assert s.tokens_per_s == 0.0, "read and nothing generated: a stall"
+    assert s.per_token_latency_s is None, "no token observed: no latency, not 0"
+    unread = obs.role_sample(obs.Increments(0.0, 2.0, {}), R)
+    assert unread.tokens_per_s is None and unread.per_token_latency_s is None
