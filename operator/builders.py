@@ -51,8 +51,19 @@ def policy_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def role_deployment_name(policy_name: str, role: str) -> str:
-    return dns_name("lap", policy_name, role)
+def owned_name(policy_namespace: str | None, policy_name: str, namespace: str | None, *suffix: str) -> str:
+    """The name of an object the policy creates in ``namespace``: ``lap-<policy>-<suffix>``. In
+    another namespace than the policy's, two policies of the same name (from two namespaces) can
+    target it, so the name also carries a short hash of the policy's namespace/name there."""
+    parts = ["lap", policy_name]
+    if policy_namespace and namespace and policy_namespace != namespace:
+        parts.append(hashlib.sha256(policy_key(policy_namespace, policy_name).encode()).hexdigest()[:6])
+    return dns_name(*parts, *suffix)
+
+
+def role_deployment_name(policy_name: str, role: str, policy_namespace: str | None = None,
+                         namespace: str | None = None) -> str:
+    return owned_name(policy_namespace, policy_name, namespace, role)
 
 
 def engine_container_index(template: dict, is_engine: Callable[[dict], bool]) -> int:
@@ -131,7 +142,8 @@ def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
                         "prometheus.io/port": str(port)})
     tmeta["annotations"] = annotations
     meta = {
-        "name": role_deployment_name(policy_name, role),
+        "name": role_deployment_name(policy_name, role, policy["metadata"].get("namespace"),
+                                     target_meta["namespace"]),
         "namespace": target_meta["namespace"],
         "labels": labels,
         "annotations": {ANNOTATION_SOURCE: f"{target_meta['namespace']}/{target_meta['name']}"},
@@ -189,7 +201,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
             "--prompts", prompts_arg, "--json"]
     if model:
         args += ["--model", model]
-    meta = {"name": dns_name("lap", policy_name, f"r{run}", f"s{step}", role),
+    meta = {"name": owned_name(policy["metadata"].get("namespace"), policy_name, namespace, f"r{run}", f"s{step}", role),
             "namespace": namespace, "labels": labels}
     if policy["metadata"].get("namespace") == namespace:
         meta["ownerReferences"] = [owner_reference(policy)]
@@ -241,7 +253,7 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
         {"sourceLabels": [f"__meta_kubernetes_pod_label_lookahead_dev_{k}"], "targetLabel": f"lookahead_dev_{k}"}
         for k in ("role", "policy", "policy_namespace", "target")
     ] + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
-    meta = {"name": dns_name("lap", policy_name), "namespace": namespace,
+    meta = {"name": owned_name(policy["metadata"].get("namespace"), policy_name, namespace), "namespace": namespace,
             "labels": {**policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY}}
     if policy["metadata"].get("namespace") == namespace:
         meta["ownerReferences"] = [owner_reference(policy)]

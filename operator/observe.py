@@ -43,8 +43,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in known_targets(k, status, spec.engine) if t.key not in keys]
     roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
+    role_ns = _role_namespace(world, roles)
     world.roles_present = {r: r in roles or cache.recently_created(
-        "Deployment", _role_namespace(world, roles), b.role_deployment_name(meta["name"], r)) for r in b.ROLES}
+        "Deployment", role_ns, b.role_deployment_name(meta["name"], r, meta["namespace"], role_ns)) for r in b.ROLES}
     world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
     world.support_problems = _support_problems(k, spec, world.targets, status.phase)
 

@@ -78,6 +78,28 @@ def test_no_cross_namespace_owner_reference():
     assert d["metadata"]["namespace"] == "other"
 
 
+def test_two_policies_of_one_name_from_two_namespaces_create_distinct_objects_in_a_shared_namespace():
+    """Issue 12: `team-a/chat-fleet` and `team-b/chat-fleet` both target Deployments in `inference`
+    (targets.namespaces). Their canaries, controls, load Jobs and PodMonitors live there; with the
+    policy's name alone they were the same objects (the second policy's create hit the first's).
+    In the policy's own namespace the names stay as they were (running policies keep theirs)."""
+    a = {**POLICY, "metadata": {**POLICY["metadata"], "namespace": "team-a", "uid": "u-a"}}
+    bb = {**POLICY, "metadata": {**POLICY["metadata"], "namespace": "team-b", "uid": "u-b"}}
+    names = []
+    for pol in (a, bb):
+        d = b.build_role_deployment(target(), pol, "canary", 1, lambda c: c, is_engine)
+        job = b.build_load_job(pol, "inference", "canary", 0, 1, 8, "http://10.0.0.1:8080", 60, "img", "chat")
+        mon = b.build_pod_monitor(pol, "inference")
+        names.append((d["metadata"]["name"], job["metadata"]["name"], mon["metadata"]["name"]))
+        assert d["metadata"]["name"] == b.role_deployment_name("chat-fleet", "canary", pol["metadata"]["namespace"],
+                                                               "inference"), "observe finds it by this name"
+    assert all(x != y for x, y in zip(*names)), names
+    assert all(n.startswith("lap-chat-fleet-") and len(n) <= 63 for n in names[0] + names[1])
+    same = b.build_load_job(POLICY, "inference", "canary", 0, 1, 8, "http://10.0.0.1:8080", 60, "img", "chat")
+    assert same["metadata"]["name"] == "lap-chat-fleet-r1-s0-canary"
+    assert b.build_pod_monitor(POLICY, "inference")["metadata"]["name"] == "lap-chat-fleet"
+
+
 def test_bad_role_rejected():
     with pytest.raises(ValueError, match="role"):
         b.build_role_deployment(target(), POLICY, "primary", 1, lambda c: c, is_engine)
