@@ -104,7 +104,8 @@ def _ensure_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
     source = fleet.reference_target(w.targets)
     pods = {role: c.k.role_pods(source.namespace, w.namespace, w.name, role) for role in b.ROLES}
-    for job in loadjobs.step_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods):
+    planned = len(w.status.progress.batch_sizes or [a.batch_size])
+    for job in loadjobs.step_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods, planned):
         c.k.create_if_absent(job)
 
 

@@ -70,7 +70,7 @@ def slim_job(body: Mapping[str, Any]) -> dict:
     status = body.get("status") or {}
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
             "metadata": _meta(body.get("metadata") or {}),
-            "status": {**{k: status[k] for k in ("active", "succeeded", "failed", "startTime", "completionTime")
+            "status": {**{k: status[k] for k in ("active", "ready", "succeeded", "failed", "startTime", "completionTime")
                           if k in status}, "conditions": _conditions(status)}}
 
 

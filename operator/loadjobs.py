@@ -41,15 +41,18 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
 
 
 def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
-              pods_by_role: dict[str, list[dict]]) -> list[dict]:
+              pods_by_role: dict[str, list[dict]], planned: int = 1) -> list[dict]:
     """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
-    (its pod IP and serving port: no Service or DNS needed)."""
-    duration = spec.load.step_duration.total_seconds()
+    (its pod IP and serving port: no Service or DNS needed). Both roles or neither: a one-sided
+    load would leave the other role idle, and idle windows read as stalls. Each Job runs for as
+    long as the step may measure (``statemachine.step_budget``: a step whose answer is unclear at
+    ``stepDuration`` measures on); the state machine deletes it when the step ends."""
+    duration = sm.step_budget(spec, planned).total_seconds()
     jobs = []
     for role in b.ROLES:
         pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and pod_ready(p)]
         if not pods:
-            continue
+            return []
         pod = sorted(pods, key=lambda p: p["metadata"]["name"])[0]
         port = b.container_port(pod["spec"]["containers"][0])
         url = f"http://{pod['status']['podIP']}:{port}"

@@ -337,10 +337,10 @@ def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPo
     p = status.progress
     sizes = p.batch_sizes or [1]
     i = p.step or 0
-    if i >= len(sizes) or p.step_started_at is None:
-        return None
+    if i >= len(sizes) or p.load_started_at is None:
+        return None   # the step's load is not running yet: nothing to measure
     th = family_thresholds(spec, len(sizes))
-    bv, canary = batch_verdict(spec, policy, sizes[i], p.step_started_at, now, _engine(status), len(sizes))
+    bv, canary = batch_verdict(spec, policy, sizes[i], p.load_started_at, now, _engine(status), len(sizes))
     row = BatchResult.model_validate({**bv.to_status(th), "meanAcceptanceLength": canary.get("meanAcceptanceLength"),
                                       "acceptanceByPosition": canary.get("acceptanceByPosition")})
     return sm.StepMeasurement(row=row, conclusive=bv.settled(th))
@@ -407,11 +407,11 @@ def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
     promoted_job = next((j for j in current if j["metadata"]["labels"].get(b.LABEL_DRIVES) == "promoted"), None)
     if promoted_job is None:
         return sm.GuardCheck(False, "guard: waiting for the guard load to start", enough_data=False)
+    start = status.progress.load_started_at
+    if start is None:
+        return sm.GuardCheck(False, "guard: waiting for the guard load's pods to run", enough_data=False)
     pod_ns = promoted_job["metadata"]["namespace"]
     pod = promoted_job["metadata"]["labels"][b.LABEL_POD]
-    start = datetime.fromisoformat(str(promoted_job["metadata"]["creationTimestamp"]).replace("Z", "+00:00"))
-    if start.tzinfo is None:
-        start = start.replace(tzinfo=timezone.utc)
     th = thresholds(spec)
     if len(legs) > 1:  # one rollback decision over the guard's batch sizes: split its error budget
         th = th.for_family(len(legs), 1)

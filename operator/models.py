@@ -1061,6 +1061,9 @@ class Progress(StatusModel):
     paused_at: Optional[Timestamp] = Field(default=None, description="When spec.paused was first seen true.")
     load_run: Optional[int] = Field(default=None, ge=0,
                                     description="Bumped whenever load is (re)started; load Job names carry it.")
+    load_started_at: Optional[Timestamp] = Field(
+        default=None, description="When every load Job of the current loadRun was first seen with a running pod: "
+                                  "a step or guard measures from here (plus the warm-up), never from before.")
     read_errors: Optional[int] = Field(default=None, ge=0, description="Consecutive passes Prometheus could not be read.")
 
 

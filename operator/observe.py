@@ -48,6 +48,7 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         "Deployment", role_ns, b.role_deployment_name(meta["name"], r, meta["namespace"], role_ns)) for r in b.ROLES}
     world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
     world.support_problems = _support_problems(k, spec, world.targets, status.phase)
+    world.load_running = running_load(k.load_jobs(meta["namespace"], meta["name"]), status.progress.load_run)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
         return world  # the spec changed: the state machine restarts; measure nothing old
@@ -68,6 +69,18 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.read_errors.append(sm.ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
                                                             f"{type(exc).__name__}: {exc}"[:500]))
     return world
+
+
+def running_load(jobs: list[dict], run: int | None) -> set[str]:
+    """The roles (``drives`` label) whose load Job of run ``run`` has a ready pod (Job
+    ``status.ready``; a load generator has no readiness probe, so ready = running)."""
+    out = set()
+    for j in jobs:
+        labels = j["metadata"].get("labels") or {}
+        if (labels.get(b.LABEL_RUN) == str(run or 0) and not j["metadata"].get("deletionTimestamp")
+                and ((j.get("status") or {}).get("ready") or 0) > 0):
+            out.add(labels.get(b.LABEL_DRIVES))
+    return out
 
 
 def _role_namespace(world: sm.Observed, roles: dict) -> str:

@@ -44,6 +44,7 @@ from .models import (
     LookaheadPolicyStatus,
     Phase,
     PreflightStatus,
+    Progress,
     RollbackStatus,
     TargetStatus,
 )
@@ -138,6 +139,8 @@ class Observed:
     abort_requested: bool = False
     support_problems: list[str] = field(default_factory=list)  # what the engine version cannot do
     roles_present: dict[str, bool] = field(default_factory=dict)
+    # load Jobs of status.progress.loadRun that have a running (ready) pod, by the role each drives
+    load_running: set[str] = field(default_factory=set)
     poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
 
     @property
@@ -326,7 +329,7 @@ def _paused(b: _Pass) -> bool:
                 setattr(p, name, getattr(p, name) + gap)
         if b.phase == Phase.Measuring:
             p.step_started_at = w.now       # the interrupted step is measured afresh
-        p.load_run = (p.load_run or 0) + 1  # fresh load Jobs, never beside the old ones
+        _new_load_run(p)                    # fresh load Jobs, never beside the old ones
         p.paused_at = None
         b.events.append(("Normal", "Resumed", f"resumed after {_seconds(gap):.0f}s; clocks shifted by the pause"))
     b.fact(C.Paused, False, "Running", "not paused")
@@ -398,7 +401,7 @@ def _launching(b: _Pass) -> None:
         return
     b.fact(C.RolesReady, True, "Ready", "canary and control are ready")
     b.p.step, b.p.step_started_at, b.p.measuring_since = 0, w.now, w.now
-    b.p.load_run = (b.p.load_run or 0) + 1
+    _new_load_run(b.p)
     b.s.batches = []
     b.go(Phase.Measuring, "Measuring", f"measuring batch size {b.p.batch_sizes[0]}")
     b.wait(0)
@@ -427,7 +430,15 @@ def _measuring(b: _Pass) -> None:
         b.go(Phase.Deciding, "Deadline", "analysis deadline reached before every batch size had an answer")
         b.wait(0)
         return
-    elapsed = b.since(p.step_started_at)
+    if not _load_started(b, ("canary", "control")):
+        # A load pod still pending (unschedulable, pulling): its role is not driven yet, and windows
+        # without load are no evidence (they would read as stalls). Nothing is measured, and the
+        # step's clock does not run, until both run; the analysis deadline still bounds the wait.
+        b.s.message = (f"batch size {sizes[step]}: waiting for the load Jobs' pods (canary and control) "
+                       f"to run")
+        b.wait(b.w.poll_s)
+        return
+    elapsed = b.since(p.load_started_at)
     timed_out = elapsed >= spec.load.step_duration
     if timed_out and not conclusive and _starved(w.step, spec):
         # No usable data yet (Prometheus down, pods not serving): the step waits for data rather
@@ -445,7 +456,8 @@ def _measuring(b: _Pass) -> None:
         b.act(ActionKind.DELETE_LOAD)
         why = "answer is clear" if conclusive else "step duration reached"
         b.events.append(("Normal", "StepDone", f"batch size {sizes[step]}: {why}"))
-        p.step, p.step_started_at, p.load_run = step + 1, w.now, (p.load_run or 0) + 1
+        p.step, p.step_started_at = step + 1, w.now
+        _new_load_run(p)
         if step + 1 >= len(sizes):
             b.go(Phase.Deciding, "Measured", "all batch sizes measured")
         else:
@@ -455,6 +467,23 @@ def _measuring(b: _Pass) -> None:
     # Look again when the next sample window closes (or a clock runs out, if sooner).
     left = min(spec.analysis.deadline - b.since(p.measuring_since), spec.analysis.sample_interval)
     b.wait(max(0.5, _seconds(left)))
+
+
+def _new_load_run(p: Progress) -> None:
+    """Fresh load Jobs (a new run number in their names); what they measure starts once they run."""
+    p.load_run = (p.load_run or 0) + 1
+    p.load_started_at = None
+
+
+def _load_started(b: _Pass, roles: tuple[str, ...]) -> bool:
+    """Whether the current run's load Jobs, one per role in ``roles``, all have a running pod; the
+    first pass that sees it records when (``status.progress.loadStartedAt``): measurement counts
+    from there, so a load pod that is pending (unschedulable, pulling its image) never shows as a
+    role that stalled."""
+    p = b.p
+    if p.load_started_at is None and set(roles) <= b.w.load_running:
+        p.load_started_at = b.w.now
+    return p.load_started_at is not None
 
 
 def step_budget(spec: LookaheadPolicySpec, planned: int) -> timedelta:
@@ -498,7 +527,7 @@ def _deciding(b: _Pass) -> None:
             return
         b.fact(C.Approved, True, "Approved" if approved else "NotRequired", "promotion may go on")
         b.p.wave, b.p.wave_started_at = 0, w.now
-        b.p.load_run = (b.p.load_run or 0) + 1
+        _new_load_run(b.p)
         _reset_guard_legs(b)
         b.s.current_wave = 1
         b.go(Phase.Promoting, str(action), d.reason)
@@ -552,12 +581,13 @@ def _promoting(b: _Pass) -> None:
     b.fact(C.WaveReady, True, "Passed", f"wave {wave + 1} rolled out and passed its guard")
     if wave + 1 < len(waves):
         b.act(ActionKind.DELETE_LOAD)
-        p.wave, p.wave_started_at, p.load_run = wave + 1, w.now, (p.load_run or 0) + 1
+        p.wave, p.wave_started_at = wave + 1, w.now
+        _new_load_run(p)
         _reset_guard_legs(b)
         b.wait(0)
         return
     p.guard_started_at = w.now
-    p.load_run = (p.load_run or 0) + 1
+    _new_load_run(p)
     _reset_guard_legs(b)
     b.act(ActionKind.DELETE_LOAD)
     b.go(Phase.Guarding, "AllWavesPromoted", f"all {len(waves)} waves promoted; guarding for "
@@ -651,6 +681,7 @@ def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | 
         _roll_back(b, "GuardRegression", (f"{what}, " if status_wave is not None else "") + check.message)
         return True
     b.act(ActionKind.ENSURE_GUARD_LOAD, wave=wave, batch_size=size, run=p.load_run or 0)
+    _load_started(b, ("promoted", "control"))   # measure.guard compares from then on
     b.s.guard = _guard_status(b, check, status_wave, legs, i)
     label = what if len(legs) == 1 else f"{what} at {where}"
     if _must_keep_guarding(b, check, p.guard_leg_started_at or since, duration / len(legs), label):
@@ -659,7 +690,8 @@ def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | 
         b.events.append(("Normal", "GuardBatchPassed",
                          f"{label}: passed; guarding batch size {legs[i + 1][0]} next"))
         b.act(ActionKind.DELETE_LOAD)
-        p.guard_leg, p.guard_leg_started_at, p.load_run = i + 1, w.now, (p.load_run or 0) + 1
+        p.guard_leg, p.guard_leg_started_at = i + 1, w.now
+        _new_load_run(p)
         b.s.guard = _guard_status(b, None, status_wave, legs, i + 1)
         b.wait(0)
         return True

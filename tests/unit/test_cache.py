@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from lookahead_operator import api, builders as b, cache, fleet, handlers, kube, loadjobs, measure
+from lookahead_operator import api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
 from lookahead_operator.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
 
 POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
@@ -64,7 +64,7 @@ def pod(role_name="canary", ns="team-a", name=None, ready=True, ip="10.0.0.7"):
     }
 
 
-def job(run="3", drives="promoted"):
+def job(run="3", drives="promoted", ready=None):
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": f"bench-load-{drives}", "namespace": "team-a", "managedFields": MANAGED,
@@ -73,7 +73,8 @@ def job(run="3", drives="promoted"):
                                 api.LABEL_ROLE: "loadgen", api.LABEL_RUN: run, api.LABEL_DRIVES: drives,
                                 api.LABEL_POD: "llm-abc"}},
         "spec": {"template": {"spec": {"containers": [{"name": "load", "image": "x", "args": ["--many"] * 50}]}}},
-        "status": {"active": 1, "startTime": "2026-12-01T08:00:01Z", "uncountedTerminatedPods": {}},
+        "status": {"active": 1, "startTime": "2026-12-01T08:00:01Z", "uncountedTerminatedPods": {},
+                   **({"ready": ready} if ready is not None else {})},
     }
 
 
@@ -127,9 +128,17 @@ def test_slim_pod_and_job_keep_what_load_jobs_and_the_guard_read():
     assert len(loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim)) == 2
     j = cache.slim_job(job())
     assert "spec" not in j and j["status"] == {"active": 1, "startTime": "2026-12-01T08:00:01Z", "conditions": []}
-    # the guard finds its Job by labels and starts from its creation time
+    # which load Jobs run: Job status.ready survives the slimming, and only the current run counts
+    jobs = [cache.slim_job(job(drives="control", ready=1)), cache.slim_job(job(ready=0)),
+            cache.slim_job(job(run="2", drives="canary", ready=1))]
+    assert observe.running_load(jobs, 3) == {"control"}
+    assert observe.running_load(jobs + [cache.slim_job(job(ready=1))], 3) == {"control", "promoted"}
+    # the guard finds its Job by labels and compares from when the load ran (status.progress)
     status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3}})
     now = datetime(2026, 12, 1, 8, 0, 3, tzinfo=timezone.utc)  # before the first window: nothing is queried
+    check = measure.guard(spec, ("team-a", "bench"), status, now, [cache.slim_job(job(drives="control")), j])
+    assert check.enough_data is False and "pods to run" in check.message
+    status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3, "loadStartedAt": "2026-12-01T08:00:02Z"}})
     check = measure.guard(spec, ("team-a", "bench"), status, now, [cache.slim_job(job(drives="control")), j])
     assert check.enough_data is False and "waiting for the guard load" not in check.message
 

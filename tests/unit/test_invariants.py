@@ -380,7 +380,8 @@ SPEC = LookaheadPolicy.from_body(policy_body()).spec
 
 
 def world(status, **kw):
-    base = dict(now=T0, name="chat-fleet", namespace=NS, generation=1, fingerprint=SPEC.fingerprint(), spec=SPEC,
+    base = dict(now=T0, load_running={"canary", "control", "promoted"},  # load pods run at once here
+                name="chat-fleet", namespace=NS, generation=1, fingerprint=SPEC.fingerprint(), spec=SPEC,
                 status=status, targets=[sm.Target(NS, "a", "reference", owner=f"{NS}/chat-fleet")])
     base.update(kw)
     return sm.Observed(**base)

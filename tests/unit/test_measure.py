@@ -213,7 +213,8 @@ def engine_run(store, labels, draw, start, seconds, names=REF):
 
 def _measuring_status(sizes, engine="reference"):
     return LookaheadPolicyStatus(phase="Measuring", targets=[TargetStatus(namespace="ns", name="a", engine=engine)],
-                                 progress=Progress(batch_sizes=sizes, step=0, step_started_at=T0, load_run=1))
+                                 progress=Progress(batch_sizes=sizes, step=0, step_started_at=T0, load_run=1,
+                                                   load_started_at=T0))
 
 
 def _tail_canary_store(seed=11):
@@ -229,6 +230,36 @@ def _tail_canary_store(seed=11):
     assert 0.65 < k.mean() / c.mean() < 0.78, "about 30% faster on the mean"
     assert np.quantile(k, 0.99) / np.quantile(c, 0.99) > 3, "p99 several times worse"
     return store
+
+
+def test_a_step_measures_from_when_both_load_pods_run_not_from_when_it_started(monkeypatch):
+    """Issue 12: the canary's load pod was pending (unschedulable, pulling) for the step's first
+    60 s while the control's ran. The canary engine, scraped but not driven, finished no token: from
+    the step's start its windows read as stalls (0 tok/s against the control's ~50) and the step of
+    a canary 40% faster came out NoGain or Regresses. It is measured from when both load pods ran
+    (``progress.loadStartedAt``), and wins."""
+    rng = np.random.default_rng(4)
+    store = Store()
+    lab = {role: measure.role_labels(("ns", "p"), role) for role in ("control", "canary")}
+    engine_run(store, {**lab["control"], "pod": "c-0"}, lambda: 0.020 * rng.lognormal(0, 0.1), T0.timestamp(), 200)
+    late = T0.timestamp() + 60
+    engine_run(store, {**lab["canary"], "pod": "k-0"}, lambda: 0.012 * rng.lognormal(0, 0.1), late, 140)
+    for i, (name, labels, pts) in enumerate(store.series):   # scraped, at zero, while it waited for load
+        if labels.get("pod") == "k-0":
+            store.series[i] = (name, labels, [(t, 0.0) for t in np.arange(T0.timestamp() - 20, late - 20, 1.0)] + pts)
+    monkeypatch.setattr(measure, "_prom", lambda spec: store)
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}},
+                                               "engine": "reference", "load": {"batchSizes": [1], "warmup": "10s"}})
+    status = _measuring_status([1])
+    now = T0 + timedelta(seconds=195)
+    waited = status.model_copy(update={"progress": status.progress.model_copy(
+        update={"load_started_at": T0 + timedelta(seconds=60)})})
+    row = measure.step(spec, ("ns", "p"), waited, now).row
+    assert row.verdict == "Wins" and row.throughput_change > 0.3, row
+    unaware = measure.step(spec, ("ns", "p"), status, now).row       # as if measured from the step's start
+    assert unaware.verdict != "Wins", "the idle windows count against the canary"
+    pending = status.model_copy(update={"progress": status.progress.model_copy(update={"load_started_at": None})})
+    assert measure.step(spec, ("ns", "p"), pending, now) is None, "no load running yet: nothing is measured"
 
 
 def test_a_canary_faster_on_the_mean_with_a_p99_several_times_worse_regresses_and_is_not_promoted(monkeypatch):
@@ -304,7 +335,7 @@ def _guard_status(action, leg):
     return LookaheadPolicyStatus(
         phase="Promoting", batches=rows, targets=[TargetStatus(namespace="serving", name="a", engine="reference")],
         decision=Decision(action=action, reason="r", regime=regime if action == "PromoteRegimeAware" else None),
-        progress=Progress(batch_sizes=[1, 4, 16], load_run=5, guard_leg=leg))
+        progress=Progress(batch_sizes=[1, 4, 16], load_run=5, guard_leg=leg, load_started_at=T0))
 
 
 def test_guard_compares_the_promoted_pod_with_the_control_at_the_split_confidence(monkeypatch):

@@ -46,7 +46,8 @@ ROLLOUT = SPEC.promotion.rollout_deadline       # 10m
 
 
 def world(status=None, **kw):
-    base = dict(now=T0, name="chat-fleet", namespace="inference", generation=1, fingerprint=SPEC.fingerprint(),
+    base = dict(now=T0, load_running={"canary", "control", "promoted"},  # load pods run at once unless a test says
+                name="chat-fleet", namespace="inference", generation=1, fingerprint=SPEC.fingerprint(),
                 spec=SPEC, status=status or LookaheadPolicyStatus(),
                 targets=[sm.Target("serving", "a", "reference", owner="inference/chat-fleet"),
                          sm.Target("serving", "b", "reference", owner="inference/chat-fleet")])
@@ -204,17 +205,66 @@ def test_measuring_walks_steps_records_rows_and_asks_to_look_at_the_next_sample(
 
 def test_an_unclear_step_measures_on_to_its_share_a_starved_one_waits_and_the_deadline_ends_measurement():
     w = to_measuring(world())
+    _, w = run(w)                                            # the load runs from T0
     share = sm.step_budget(SPEC, 2).total_seconds()          # 30m / 2 batch sizes = 15m
     assert share == DEADLINE.total_seconds() / 2 > STEP.total_seconds()
     _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
     assert w.status.progress.step == 0 and "measuring on" in w.status.message, "data, no answer: it measures on"
     _, w = run(replace(at(w, share + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
     assert w.status.progress.step == 1, "its share of the deadline used: the step ends without an answer"
+    _, w = run(replace(at(w, share + 1), step=None))       # step 1's load runs from here
     t = share + 1 + STEP.total_seconds() + 1
     _, w = run(replace(at(w, t), step=sm.StepMeasurement(row(8, "Pending", n=3), False)))
     assert w.status.progress.step == 1 and "waiting for data" in w.status.message, "too few samples: it waits"
     _, w = run(at(w, DEADLINE.total_seconds() + 1))
     assert w.status.phase == Phase.Deciding
+
+
+def test_a_step_waits_for_both_load_pods_and_its_clock_starts_when_they_run():
+    """Issue 12: a load pod that stays pending (unschedulable on a full node) must not turn into
+    windows of a role that "stalled". The step measures nothing and its clock does not run until
+    both load Jobs have a running pod; a load that never runs ends at the analysis deadline with no
+    answer (Deciding: Inconclusive), never with a verdict."""
+    w = to_measuring(world(load_running=set()))
+    _, w = run(replace(w, load_running={"control"}))
+    assert w.status.progress.load_started_at is None and "waiting for the load Jobs' pods" in w.status.message
+    _, w = run(at(w, 300))                                              # still only the control's
+    assert w.status.progress.step == 0 and w.status.progress.load_started_at is None
+    _, w = run(replace(at(w, 400), load_running={"canary", "control"}))
+    assert w.status.progress.load_started_at == T0 + timedelta(seconds=400)
+    _, w = run(replace(at(w, 400 + STEP.total_seconds() - 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert w.status.progress.step == 0 and "measuring on" not in w.status.message, \
+        "stepDuration counts from when the load ran, not from the step's start"
+    _, w = run(replace(at(w, 400 + STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1), True)), step=None)
+    assert w.status.progress.step == 1 and w.status.progress.load_started_at is None, "the next step waits afresh"
+
+    never = to_measuring(world(load_running={"control"}))
+    _, never = run(at(never, DEADLINE.total_seconds() - 1))
+    assert never.status.phase == Phase.Measuring and never.status.batches in (None, [])
+    plan, never = run(at(never, DEADLINE.total_seconds() + 1))
+    assert never.status.phase == Phase.Deciding and K.DELETE_LOAD in kinds(plan)
+
+
+def test_step_load_is_both_roles_or_neither_and_lasts_as_long_as_the_step_may_measure():
+    from lookahead_operator import loadjobs
+
+    def pod(role, ready=True):
+        return {"metadata": {"name": f"{role}-0", "namespace": "serving"},
+                "spec": {"containers": [{"name": "e", "ports": [{"name": "http", "containerPort": 8000}]}]},
+                "status": {"podIP": "10.0.0.1", "phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    policy = {"metadata": {"name": "chat-fleet", "namespace": "inference", "uid": "u"}}
+    one = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary", False)], "control": [pod("control")]}, 2)
+    assert one == [], "the control alone would be driven while the canary sits idle"
+    both = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary")], "control": [pod("control")]}, 2)
+    assert len(both) == 2
+    budget = int(sm.step_budget(SPEC, 2).total_seconds())
+    assert budget > STEP.total_seconds()
+    for job in both:
+        args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--step-duration") + 1] == f"{budget}s", \
+            "a step measures on past stepDuration when unclear: its load must still run"
 
 
 def test_launching_that_never_gets_ready_fails_within_the_rollout_deadline_and_cleans_up():
