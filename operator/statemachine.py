@@ -257,6 +257,8 @@ def reconcile(world: Observed) -> Plan:
     if world.support_problems and b.phase in (Phase.Pending, Phase.Preflight):
         return _refuse(b, "EngineUnsupported", "; ".join(world.support_problems))
     b.fact(C.Accepted, True, "Valid", "the spec is valid")
+    if b.phase not in (Phase.Pending, *TERMINAL_PHASES) and b.s.targets:
+        _leave_new_targets_alone(b)
 
     # A changed spec restarts measurement: nothing measured under the old spec is mixed in.
     # (The fingerprint leaves out `paused`: pausing and resuming does not restart anything.)
@@ -284,6 +286,23 @@ def reconcile(world: Observed) -> Plan:
     if handler is not None:
         handler(b)
     return b.plan()
+
+
+def _leave_new_targets_alone(b: _Pass) -> None:
+    """A rollout acts on the Deployments it claimed (``status.targets``) and on no other. One that
+    starts matching ``spec.targets`` mid-rollout was not part of the preflight or of the plan the
+    waves were cut from: it is left alone (never claimed, promoted or restored) and named in
+    TargetsFound; a change to the spec restarts the rollout, which then includes it. (A claimed
+    target that stops matching stays ours to put back: observe keeps it.)"""
+    claimed = {(t.namespace, t.name) for t in b.s.targets or []}
+    new = [t for t in b.w.targets if t.key not in claimed and t.owner != b.w.key]
+    if not new:
+        return
+    b.w = replace(b.w, targets=[t for t in b.w.targets if t not in new])
+    names = ", ".join(f"{t.namespace}/{t.name}" for t in new[:10]) + (" ..." if len(new) > 10 else "")
+    b.fact(C.TargetsFound, True, "NewTargetsLeftAlone",
+           f"{names} matched spec.targets after this rollout claimed its targets: left alone (not measured, "
+           f"not promoted); change the spec to restart the rollout with them")
 
 
 def _refuse(b: _Pass, reason: str, message: str) -> Plan:

@@ -320,6 +320,26 @@ def test_promotion_in_waves_then_guard_then_success():
     assert cond(w.status, ConditionType.Ready).status == "True"
 
 
+def test_a_deployment_that_starts_matching_mid_rollout_is_left_alone_and_named():
+    """Issue 12: serving/c starts matching spec.targets while the rollout measures. It was not in
+    the preflight nor in the plan: it is never claimed, promoted or restored, the waves are cut
+    from the claimed targets only, and TargetsFound names it."""
+    newcomer = sm.Target("serving", "c", "reference")
+    w = to_measuring(world())
+    claimed = [t.key for t in w.targets]
+    plan, w = run(replace(w, targets=[*w.targets, newcomer]))
+    assert w.status.phase == Phase.Measuring and not any(("serving", "c") in a.targets for a in plan.actions)
+    found = cond(w.status, ConditionType.TargetsFound)
+    assert found.reason == "NewTargetsLeftAlone" and "serving/c" in found.message
+    w = promoting(w)
+    plan, w = run(at(w, 1))
+    touched = [k for a in plan.actions for k in a.targets]
+    assert touched and set(touched) <= set(claimed), touched
+    assert [(t.namespace, t.name) for t in w.status.targets] == claimed
+    aborted = sm.reconcile(replace(w, abort_requested=True))
+    assert not any(("serving", "c") in a.targets for a in aborted.actions), "nothing of c is restored either"
+
+
 def test_promoted_template_that_never_becomes_available_is_restored_within_the_rollout_deadline():
     w = promoting(world())
     did = w.status.decision.id
