@@ -50,15 +50,36 @@ class OperatorProcess:
         self.metrics_port = free_port()
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, extra_env: dict[str, str] | None = None, chaos: bool = False) -> None:
+        """``chaos``: through tests/e2e/chaos_operator.py, which adds a test-side fault point
+        (``LOOKAHEAD_TEST_DIE_MID_WAVE`` in ``extra_env``); the operator is otherwise the same."""
         self.starts += 1
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "LOOKAHEAD_POLL_SECONDS": "1",
                "LOOKAHEAD_LOADGEN_IMAGE": image_name("loadgen"),
                "LOOKAHEAD_METRICS_PORT": str(self.metrics_port), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1",
-               "PYTHONUNBUFFERED": "1"}
-        self.proc = process.start([sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "-m",
+               "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        entry = [str(Path(__file__).with_name("chaos_operator.py"))] if chaos else ["-m", "kopf"]
+        self.proc = process.start([sys.executable, *entry, "run", "--standalone", "--all-namespaces", "-m",
                                    "lookahead_operator.handlers"], self.log_dir / f"operator-{self.starts}.log",
                                   env=env, cwd=REPO)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_up(self, timeout: float = 60) -> None:
+        """Until its metrics endpoint answers (the operator's startup handlers ran)."""
+        import urllib.request
+
+        def up():
+            if not self.alive():
+                return True   # died (a fault point fired): nothing to wait for
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(up, timeout=timeout, what="operator up", interval=0.2)
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, as when a node dies."""
@@ -187,3 +208,28 @@ def operator_pod(devcluster, crd_installed, real_node, prometheus):
     op.install()
     yield op
     op.uninstall()
+
+
+@pytest.fixture
+def reliability(request):
+    """A fault test's row of docs/reliability.md: ``expect()`` before the fault, ``observed()``
+    after; the row is written when the test ends, passed or failed."""
+    from . import reliability as rel
+
+    rec = rel.Recorder(request.node.nodeid)
+    yield rec
+    if rec.row is None:
+        return
+    report = getattr(request.node, "rep_call", None)
+    rec.row.passed = bool(report is not None and report.passed)
+    rows = rel.load()
+    rows[rec.row.test] = rec.row
+    rel.save(rows, existing_tests={str(p.relative_to(rel.REPO)) for p in (rel.REPO / "tests" / "e2e").glob("test_*.py")})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item (the ``reliability`` fixture reads whether the test passed)."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

@@ -122,7 +122,11 @@ def conditions(st):
     return {c["type"]: c for c in st.get("conditions") or []}
 
 
-def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operator_process, prometheus):
+def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operator_process, prometheus,
+                                                                    reliability):
+    reliability.expect("A promoted template cannot roll out (a ResourceQuota refuses the surge pod)",
+                       "RolledBack with RolloutFailed on the Deployment's own ProgressDeadlineExceeded, well inside "
+                       "the rollout deadline; both targets restored exactly")
     apps, core, custom, batch = apis
     ns_a, ns_b = "fault-rollout-a", "fault-rollout-b"
     for ns in (ns_a, ns_b):
@@ -140,6 +144,8 @@ def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operat
     body["spec"]["targets"]["namespaces"] = [ns_a, ns_b]
     custom.create_namespaced_custom_object(GROUP, VERSION, ns_a, PLURAL, body)
     st = wait_phase(custom, ns_a, "chat", TERMINAL, 420, operator_process)
+    reliability.observed(f"{st['phase']} ({(st.get('rollback') or {}).get('reason')}): "
+                         f"{(st.get('rollback') or {}).get('message', '')[:160]}", injected=1)
     assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
     assert st["phase"] == "RolledBack" and st["rollback"]["reason"] == "RolloutFailed", st.get("message")
     assert f"{ns_b}/chat-b" in st["rollback"]["message"] and "progress" in st["rollback"]["message"].lower()
@@ -158,7 +164,10 @@ def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operat
 
 
 def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched(apis, operator_process,
-                                                                                     prometheus):
+                                                                                     prometheus, reliability):
+    reliability.expect("Prometheus unreachable from the operator for longer than the analysis deadline, "
+                       "while measuring", "Inconclusive exactly at the deadline (2 m), MetricsAvailable=False "
+                       "meanwhile, the fleet never touched")
     apps, core, custom, batch = apis
     ns = "fault-prom-long"
     core.create_namespace({"metadata": {"name": ns}})
@@ -178,6 +187,9 @@ def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_unto
     st = wait_for(measuring_without_metrics, timeout=120, interval=1.0, what="measuring with Prometheus down")
     assert "connect" in conditions(st)["MetricsAvailable"]["message"].lower()
     st = wait_phase(custom, ns, "chat", TERMINAL, 300, operator_process)
+    reliability.observed(f"{st['phase']} ({st['decision']['action']}) decided "
+                         f"{(datetime.fromisoformat(st['decision']['decidedAt'].replace('Z', '+00:00')) - datetime.fromisoformat(st['progress']['measuringSince'].replace('Z', '+00:00'))).total_seconds():.0f} s "
+                         f"after measuring began", injected=1)
     assert st["phase"] == "Failed" and st["decision"]["action"] == "Inconclusive", st.get("message")
     measuring_since = datetime.fromisoformat(st["progress"]["measuringSince"].replace("Z", "+00:00"))
     decided = datetime.fromisoformat(st["decision"]["decidedAt"].replace("Z", "+00:00"))
@@ -189,7 +201,10 @@ def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_unto
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process, prometheus):
+def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process, prometheus, reliability):
+    reliability.expect("Prometheus unreachable briefly while measuring",
+                       "MetricsAvailable=False during the outage; the policy resumes and decides as without it "
+                       "(a win at batch 1)")
     apps, core, custom, batch = apis
     ns = "fault-prom-brief"
     core.create_namespace({"metadata": {"name": ns}})
@@ -210,13 +225,19 @@ def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process,
     assert st["phase"] == "Measuring"
     outage.up()
     st = wait_phase(custom, ns, "chat", TERMINAL, 300, operator_process)
+    reliability.observed(f"outage seen (MetricsAvailable=False); then {st['phase']} ({st['decision']['action']}), "
+                         f"batch 1 {st['batches'][0]['verdict']}", injected=1)
     # (measured at batch 1 only: a win there enables lookahead up to batch 1, no further)
     assert st["phase"] == "Succeeded" and st["decision"]["action"] == "PromoteRegimeAware", st.get("message")
     assert st["batches"][0]["verdict"] == "Wins"
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis, operator_process, prometheus):
+def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis, operator_process, prometheus,
+                                                                           reliability):
+    reliability.expect("Paused mid-step for longer than a step, then resumed",
+                       "load stopped and status frozen while paused; the deadline clock shifted by exactly the "
+                       "pause; never more than one load Job per role; Succeeded")
     apps, core, custom, batch = apis
     ns = "fault-pause"
     core.create_namespace({"metadata": {"name": ns}})
@@ -285,6 +306,8 @@ def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis,
             rows = {r["batchSize"]: r for r in st.get("batches") or []}
             assert rows.get(1, {}).get("verdict") in ("Wins", "NoGain", "Regresses"), st.get("batches")
         st = wait_phase(custom, ns, "chat", TERMINAL, 420, operator_process)
+        reliability.observed(f"frozen while paused; clock shift {shift:.0f} s for a {gap:.0f} s pause; "
+                             f"{st['phase']}; most load Jobs per role {most['n']}", injected=1)
         assert st["phase"] == "Succeeded", st.get("message")
     finally:
         stop.set()
@@ -318,7 +341,11 @@ exec python3 -m lookahead_canary.server "$@"
 """
 
 
-def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(apis, operator_process, prometheus):
+def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(apis, operator_process, prometheus,
+                                                                             reliability):
+    reliability.expect("The promoted template's pods crash on the kubelet (part of the fleet runs an engine that "
+                       "exits on the lookahead flags)", "RolledBack with RolloutFailed; both targets restored "
+                       "exactly; the old pod serves throughout")
     apps, core, custom, batch = apis
     ns = "fault-crashloop"
     core.create_namespace({"metadata": {"name": ns}})
@@ -354,6 +381,9 @@ def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(api
 
     wait_for(crashlooping, timeout=420, interval=1.0, what="chat-b's promoted pods crashing")
     st = wait_phase(custom, ns, "chat", TERMINAL, 240, operator_process)
+    reliability.observed(f"pods crashed ({crashed[:1]}); {st['phase']} "
+                         f"({(st.get('rollback') or {}).get('reason')}), restored "
+                         f"{(st.get('rollback') or {}).get('restored')}", injected=1)
     assert crashed, "the promoted pods were seen restarting on the kubelet"
     assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
     assert st["phase"] == "RolledBack" and st["rollback"]["reason"] == "RolloutFailed", (st.get("message"),

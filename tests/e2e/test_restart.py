@@ -4,7 +4,8 @@ and the exact original templates saved."""
 
 from __future__ import annotations
 
-import json
+import os
+import random
 import time
 
 import pytest
@@ -19,7 +20,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 
 
-def test_killed_in_every_phase_still_completes(kube_api, operator_process, prometheus):
+def test_killed_in_every_phase_still_completes(kube_api, operator_process, prometheus, reliability):
+    reliability.expect("Operator SIGKILLed at the entry of every phase it reaches, restarted at once",
+                       "the rollout completes as uninterrupted (PromoteRegimeAware, Succeeded); originals saved "
+                       "exactly; no duplicate or orphaned object; no invariant violation")
     apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
                                  client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
     ns = "e2e-restart"
@@ -53,12 +57,95 @@ def test_killed_in_every_phase_still_completes(kube_api, operator_process, prome
             killed_in.append(phase)
             operator_process.start()
         time.sleep(0.5)
+    reliability.observed(f"{phase} ({(st.get('decision') or {}).get('action')}) after kills in "
+                         f"{', '.join(killed_in)}; max canary+control {max_roles}, max load Jobs per step and "
+                         f"role {max_jobs_per_step_role}", injected=len(killed_in))
     assert phase == "Succeeded", (phase, st.get("message"), operator_process.log()[-3000:])
     assert st["decision"]["action"] == "PromoteRegimeAware"
     # every phase of the rollout saw a kill (the short ones may pass within one tick of a restart)
     assert {"Launching", "Measuring", "Promoting", "Guarding"} <= set(killed_in), killed_in
     assert max_roles <= 2, "never more than one canary and one control"
     assert max_jobs_per_step_role <= 1, "never a duplicate load Job"
+    for name in ("chat-a", "chat-b"):
+        d = sanitized(apps, ns, name)
+        assert b.original_template(d) == originals[name], "the saved original is the first one, exactly"
+        assert "--lookahead-max-batch-size" in d["spec"]["template"]["spec"]["containers"][0]["args"]
+    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="no orphaned canary/control/Jobs")
+
+
+SEED = int(os.environ.get("LOOKAHEAD_CHAOS_SEED", "20261201"))
+
+
+def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(kube_api, operator_process, prometheus,
+                                                                          tmp_path, reliability):
+    """Issue 12: the operator is SIGKILLed at seeded random instants all through one rollout (each
+    time 0.5-4 s after it is up again), and once exactly between the first and the second target
+    patch of a two-Deployment wave (tests/e2e/chaos_operator.py's fault point). The rollout must end
+    as an uninterrupted one does: PromoteRegimeAware, both targets promoted from their exact saved
+    originals, never two canaries or controls or a duplicate load Job, no orphan left; the invariant
+    watcher checks every event in between."""
+    rng = random.Random(SEED)
+    reliability.expect(
+        "Operator SIGKILLed at >= 20 seeded random instants across one rollout, and between two "
+        "Deployment patches of one wave",
+        "the rollout completes as uninterrupted (PromoteRegimeAware, Succeeded); the half-patched wave is "
+        "finished after the restart; originals saved exactly; no duplicate or orphaned object; no invariant "
+        "violation", seed=SEED)
+    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
+                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    ns = "e2e-chaos"
+    core.create_namespace({"metadata": {"name": ns}})
+    for name in ("chat-a", "chat-b"):
+        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, GOOD_GPU, "chat"))
+    originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
+    operator_process.kill()            # this test starts (and kills) its own
+    marker = tmp_path / "died-mid-wave"
+    # one wave of both Deployments: the fault point needs two patches in one wave
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
+                                           policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware", ["100%"]))
+    kills: list[str] = []
+    max_roles = max_jobs_per_step_role = 0
+    deadline = time.monotonic() + 900
+    phase, st = None, {}
+    while time.monotonic() < deadline and phase not in TERMINAL:
+        operator_process.start(extra_env={"LOOKAHEAD_TEST_DIE_MID_WAVE": str(marker)}, chaos=True)
+        operator_process.wait_up(60)
+        kill_at = time.monotonic() + rng.uniform(0.5, 4.0)     # the fault schedule, not a wait
+        while time.monotonic() < kill_at and operator_process.alive():
+            st = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat").get("status") or {}
+            phase = st.get("phase")
+            roles = apps.list_namespaced_deployment(
+                ns, label_selector=f"{b.LABEL_POLICY}=chat,{b.LABEL_ROLE} in (canary,control)").items
+            max_roles = max(max_roles, len(roles))
+            per_key: dict[tuple, int] = {}
+            for j in batch.list_namespaced_job(ns, label_selector=f"{b.LABEL_POLICY}=chat").items:
+                if not j.metadata.deletion_timestamp:
+                    key = (j.metadata.labels.get(b.LABEL_STEP), j.metadata.labels.get(f"{b.GROUP}/drives"))
+                    per_key[key] = per_key.get(key, 0) + 1
+            max_jobs_per_step_role = max([max_jobs_per_step_role, *per_key.values()])
+            if phase in TERMINAL:
+                break
+            time.sleep(0.2)
+        if phase in TERMINAL:
+            break
+        if operator_process.alive():
+            kills.append(phase or "New")
+        else:
+            kills.append(f"{phase} (mid-wave, between patches)")
+        operator_process.kill()
+    operator_process.kill()
+    operator_process.start()           # the module's operator, for the next tests and the clean-up
+    by_phase = {p: sum(1 for k in kills if k.split(" ")[0] == p) for p in dict.fromkeys(k.split(" ")[0] for k in kills)}
+    reliability.observed(f"{phase} after {len(kills)} kills ({', '.join(f'{p} {n}' for p, n in by_phase.items())}); "
+                         f"mid-wave kill fired: {marker.exists()}"
+                         + (f" after patching {marker.read_text().strip()}" if marker.exists() else "")
+                         + f"; max canary+control {max_roles}, max load Jobs per step and role "
+                           f"{max_jobs_per_step_role}", injected=len(kills))
+    assert phase == "Succeeded", (phase, st.get("message"), kills, operator_process.log()[-3000:])
+    assert st["decision"]["action"] == "PromoteRegimeAware"
+    assert len(kills) >= 20, kills
+    assert marker.exists(), f"the mid-wave fault point never fired: {kills}"
+    assert max_roles <= 2 and max_jobs_per_step_role <= 1, (max_roles, max_jobs_per_step_role)
     for name in ("chat-a", "chat-b"):
         d = sanitized(apps, ns, name)
         assert b.original_template(d) == originals[name], "the saved original is the first one, exactly"
