@@ -13,6 +13,7 @@ finished policy costs no periodic API request), and the finalizer (``statemachin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from datetime import datetime, timezone
@@ -74,9 +75,24 @@ class _NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+def peering_priority(pod_name: str) -> int:
+    """A replica's Kopf peering priority, from its pod name: distinct per replica (28 bits of a
+    hash). Kopf pauses an operator when it sees a peer of higher priority, and pauses every one
+    of them when two share a priority -- the chart's identical replicas, all at the default 0,
+    would all have frozen."""
+    return int(hashlib.sha256(pod_name.encode()).hexdigest()[:7], 16) + 1
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.finalizer = FINALIZER
+    if os.environ.get("LOOKAHEAD_PEERING_PRIORITY"):
+        settings.peering.priority = int(os.environ["LOOKAHEAD_PEERING_PRIORITY"])
+    elif settings.peering.priority == 0 and os.environ.get("POD_NAME"):
+        settings.peering.priority = peering_priority(os.environ["POD_NAME"])
+    # A replica that dies is given up on after this long, and a paused one takes over (Kopf's
+    # default is 60 s; each replica refreshes its record 5-10 s before it expires).
+    settings.peering.lifetime = int(os.environ.get("LOOKAHEAD_PEERING_LIFETIME", "20"))
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = _NoDiffBase()
     # Only our own Pods and load Jobs are watched: the API server filters them (Kopf's label filters

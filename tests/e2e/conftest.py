@@ -168,7 +168,8 @@ class OperatorPod:
         return subprocess.run([str(control_plane_binary(name)), f"--kubeconfig={self.cluster.kubeconfig}", *args],
                               capture_output=True, text=True, timeout=timeout)
 
-    def install(self) -> None:
+    def install(self, *extra: str) -> None:
+        """``extra``: more `helm install` arguments (``--set replicaCount=2`` ...)."""
         t0 = time.monotonic()
         extra_env = [*self.node.in_cluster_env(), {"name": "LOOKAHEAD_POLL_SECONDS", "value": "1"}]
         res = self._tool(
@@ -183,7 +184,7 @@ class OperatorPod:
             # No kube-proxy on this node: point in-cluster clients at the apiserver through the
             # pod bridge (DevNode.in_cluster_env); 1 s polls keep the shortened policies short.
             "--set-json", f"operator.extraEnv={json.dumps(extra_env)}",
-            "--wait", "--timeout", "150s")
+            *extra, "--wait", "--timeout", "150s")
         if res.returncode != 0:
             raise AssertionError(f"helm install failed:\n{res.stdout}\n{res.stderr}\n{self.describe()}")
         self.installed_in = time.monotonic() - t0
@@ -193,6 +194,16 @@ class OperatorPod:
 
     def describe(self) -> str:
         return self._tool("kubectl", "-n", self.NAMESPACE, "describe", "pods").stdout[-3000:] + self.log()
+
+    def pods(self) -> list[str]:
+        res = self._tool("kubectl", "-n", self.NAMESPACE, "get", "pods", "-o", "name", "-l",
+                         f"app.kubernetes.io/instance={self.RELEASE}", "--field-selector=status.phase=Running",
+                         timeout=30)
+        return sorted(line.split("/", 1)[1] for line in res.stdout.split() if line.startswith("pod/"))
+
+    def pod_log(self, pod: str) -> str:
+        res = self._tool("kubectl", "-n", self.NAMESPACE, "logs", pod, timeout=30)
+        return res.stdout + res.stderr
 
     def log(self) -> str:
         """`kubectl logs` of the operator's Deployment (what a user reads)."""

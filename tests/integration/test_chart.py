@@ -189,13 +189,16 @@ def test_template_applies_with_server_side_dry_run(kube_api, helm, namespace):
 
 
 def test_all_options_apply_with_server_side_dry_run(kube_api, helm, namespace):
-    """Peering, NetworkPolicy and two replicas. Kopf's peering CRD is installed for real first (it is
-    Kopf's own, cluster-wide); the ServiceMonitor needs the Prometheus Operator's CRDs, which this
-    cluster does not have, so it is only rendered (test_rendered_objects)."""
+    """Peering, NetworkPolicy and two replicas. Kopf's peering CRD is installed for real first, from
+    the chart's crds/ directory, as `helm install` does before it builds the release's objects
+    (tests/e2e/test_peering.py runs the real `helm install`); the ServiceMonitor needs the Prometheus
+    Operator's CRDs, which this cluster does not have, so it is only rendered (test_rendered_objects)."""
     dyn = DynamicClient(kube_api)
     release = f"all-{uuid.uuid4().hex[:5]}"
     docs = render(helm, release, namespace, *ALL_OPTIONS)
-    peering_crd = [d for d in docs if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"].endswith("kopf.dev")]
+    assert not [d for d in docs if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"].endswith("kopf.dev")], \
+        "a CRD in templates/ cannot serve a ClusterKopfPeering object of the same release"
+    peering_crd = [d for d in yaml.safe_load_all((CHART / "crds" / "clusterkopfpeerings.yaml").read_text()) if d]
     assert len(peering_crd) == 1
     _apply(dyn, peering_crd[0], dry_run=False)
     ext = client.ApiextensionsV1Api(kube_api)
