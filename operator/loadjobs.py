@@ -57,5 +57,6 @@ def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_inde
         port = b.container_port(pod["spec"]["containers"][0])
         url = f"http://{pod['status']['podIP']}:{port}"
         jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
-                                     _load_image(spec), spec.load.prompts))
+                                     _load_image(spec), spec.load.prompts,
+                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
     return jobs

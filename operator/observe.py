@@ -48,7 +48,10 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         "Deployment", role_ns, b.role_deployment_name(meta["name"], r, meta["namespace"], role_ns)) for r in b.ROLES}
     world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
     world.support_problems = _support_problems(k, spec, world.targets, status.phase)
-    world.load_running = running_load(k.load_jobs(meta["namespace"], meta["name"]), status.progress.load_run)
+    jobs = k.load_jobs(meta["namespace"], meta["name"])
+    world.load_running = running_load(jobs, status.progress.load_run)
+    world.load_pods_gone = gone_load_targets(
+        jobs, status.progress.load_run, {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in b.ROLES})
 
     if status.progress.fingerprint not in (None, world.fingerprint):
         return world  # the spec changed: the state machine restarts; measure nothing old
@@ -80,6 +83,22 @@ def running_load(jobs: list[dict], run: int | None) -> set[str]:
         if (labels.get(b.LABEL_RUN) == str(run or 0) and not j["metadata"].get("deletionTimestamp")
                 and ((j.get("status") or {}).get("ready") or 0) > 0):
             out.add(labels.get(b.LABEL_DRIVES))
+    return out
+
+
+def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str, list[dict]]) -> set[str]:
+    """The roles whose load Job of run ``run`` drives a pod (by its IP: label ``pod``) that is
+    gone (deleted, evicted, replaced by its Deployment): that load reaches nothing any more, and
+    the role's new pod is not driven."""
+    out = set()
+    for j in jobs:
+        labels = j["metadata"].get("labels") or {}
+        role, pod = labels.get(b.LABEL_DRIVES), labels.get(b.LABEL_POD)
+        if labels.get(b.LABEL_RUN) != str(run or 0) or role not in pods_by_role or not pod:
+            continue
+        live = {p["metadata"]["name"] for p in pods_by_role[role] if not p["metadata"].get("deletionTimestamp")}
+        if pod not in live:
+            out.add(role)
     return out
 
 

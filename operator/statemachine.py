@@ -141,6 +141,8 @@ class Observed:
     roles_present: dict[str, bool] = field(default_factory=dict)
     # load Jobs of status.progress.loadRun that have a running (ready) pod, by the role each drives
     load_running: set[str] = field(default_factory=set)
+    # roles whose current load Job drives a pod that is gone (its load reaches nothing)
+    load_pods_gone: set[str] = field(default_factory=set)
     poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
 
     @property
@@ -448,6 +450,19 @@ def _measuring(b: _Pass) -> None:
         b.act(ActionKind.DELETE_LOAD)
         b.go(Phase.Deciding, "Deadline", "analysis deadline reached before every batch size had an answer")
         b.wait(0)
+        return
+    if w.load_pods_gone & {"canary", "control"}:
+        # The pod a load Job drives (by IP) was deleted or replaced: that role's new pod gets no
+        # load, and its windows would read as stalls. The step starts again on fresh load Jobs,
+        # aimed at the pods there are now; what was measured of it is not used (the step measures
+        # from the new loadStartedAt). The analysis deadline still bounds it.
+        gone = ", ".join(sorted(w.load_pods_gone & {"canary", "control"}))
+        b.act(ActionKind.DELETE_LOAD)
+        _new_load_run(p)
+        b.events.append(("Warning", "LoadRestarted", f"batch size {sizes[step]}: the {gone} pod the load drove is "
+                                                     f"gone; the step starts again on fresh load"))
+        b.s.message = f"batch size {sizes[step]}: the {gone} pod was replaced; the step's load restarts"
+        b.wait(b.w.poll_s)
         return
     if not _load_started(b, ("canary", "control")):
         # A load pod still pending (unschedulable, pulling): its role is not driven yet, and windows

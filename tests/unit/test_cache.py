@@ -133,6 +133,13 @@ def test_slim_pod_and_job_keep_what_load_jobs_and_the_guard_read():
             cache.slim_job(job(run="2", drives="canary", ready=1))]
     assert observe.running_load(jobs, 3) == {"control"}
     assert observe.running_load(jobs + [cache.slim_job(job(ready=1))], 3) == {"control", "promoted"}
+    # which load Jobs drive a pod that is gone (by the pod label every load Job carries)
+    canary_pods = [{"metadata": {"name": "llm-abc"}}]
+    jobs = [cache.slim_job(job(drives="canary", ready=1)), cache.slim_job(job(drives="control", ready=1))]
+    assert observe.gone_load_targets(jobs, 3, {"canary": canary_pods, "control": canary_pods}) == set()
+    assert observe.gone_load_targets(jobs, 3, {"canary": [{"metadata": {"name": "llm-new"}}],
+                                               "control": canary_pods}) == {"canary"}
+    assert observe.gone_load_targets(jobs, 4, {"canary": [], "control": []}) == set(), "only the current run"
     # the guard finds its Job by labels and compares from when the load ran (status.progress)
     status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3}})
     now = datetime(2026, 12, 1, 8, 0, 3, tzinfo=timezone.utc)  # before the first window: nothing is queried

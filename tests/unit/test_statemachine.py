@@ -245,6 +245,24 @@ def test_a_step_waits_for_both_load_pods_and_its_clock_starts_when_they_run():
     assert never.status.phase == Phase.Deciding and K.DELETE_LOAD in kinds(plan)
 
 
+def test_a_replaced_canary_pod_restarts_the_step_on_fresh_load():
+    """Issue 12: the canary pod the step's load Job drives (by IP) is deleted mid-step (evicted, a
+    node drained) and its Deployment starts a new one. The old load reaches nothing and the new pod
+    is not driven: its windows would read as canary stalls. The step starts again on a new load
+    run: the old Jobs deleted, loadStartedAt cleared (nothing measured before counts), a Warning
+    event; the step's verdict then comes from the new load only."""
+    w = to_measuring(world())
+    _, w = run(w)
+    started, run_before = w.status.progress.load_started_at, w.status.progress.load_run
+    assert started is not None
+    plan, w = run(replace(at(w, 40), load_pods_gone={"canary"}, step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert K.DELETE_LOAD in kinds(plan) and w.status.progress.load_run == run_before + 1
+    assert w.status.progress.load_started_at is None and w.status.progress.step == 0
+    assert any(e[1] == "LoadRestarted" and "canary" in e[2] for e in plan.events), plan.events
+    plan, w = run(replace(at(w, 45), load_pods_gone=set(), step=None))
+    assert K.ENSURE_LOAD in kinds(plan) and w.status.progress.load_started_at == T0 + timedelta(seconds=45)
+
+
 def test_step_load_is_both_roles_or_neither_and_lasts_as_long_as_the_step_may_measure():
     from lookahead_operator import loadjobs
 
