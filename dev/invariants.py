@@ -212,8 +212,10 @@ def diff_paths(a: Any, b: Any, limit: int = 4, path: str = "") -> list[str]:
 
 @functools.lru_cache(maxsize=512)
 def _parse_spec(spec_json: str) -> LookaheadPolicySpec | None:
+    from lookahead_operator.handlers import parse_spec as operator_parse_spec
+
     try:
-        return LookaheadPolicySpec.model_validate(json.loads(spec_json))
+        return operator_parse_spec({"metadata": {"name": "invariants"}, "spec": json.loads(spec_json)})[0]
     except Exception:  # noqa: BLE001 - an invalid spec promotes nothing; callers say so
         return None
 

@@ -13,10 +13,12 @@ finished policy costs no periodic API request), and the finalizer (``statemachin
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
 import os
 from datetime import datetime, timezone
+from typing import Any
 
 import kopf
 import kubernetes
@@ -305,12 +307,44 @@ def parse_spec(body: dict) -> tuple[LookaheadPolicySpec | None, str | None]:
     """The spec, parsed once, or why it cannot be acted on (naming the field)."""
     if len(body["metadata"]["name"]) > MAX_POLICY_NAME:
         return None, NAME_TOO_LONG
+    raw = dict(body.get("spec") or {})
     try:
-        return LookaheadPolicySpec.model_validate(dict(body.get("spec") or {})), None
+        return LookaheadPolicySpec.model_validate(raw), None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return None, f"spec{'.' + where if where else ''}: {first['msg']}"
+        errors = exc.errors()
+    unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
+    if unknown and len(unknown) == len(errors):
+        # The apiserver prunes fields its CRD does not declare, so a field this model does not know
+        # comes from a newer CRD (an upgrade under way): ignore it rather than fail the rollout.
+        try:
+            spec = LookaheadPolicySpec.model_validate(_without(raw, unknown))
+        except ValidationError as exc:
+            errors = exc.errors()
+        else:
+            fields = ", ".join("spec." + ".".join(str(p) for p in loc) for loc in unknown)
+            key = (body["metadata"].get("uid"), fields)
+            if key not in _IGNORED_FIELDS_LOGGED:
+                _IGNORED_FIELDS_LOGGED.add(key)
+                log.warning("%s/%s: ignoring %s, unknown to this operator version (a newer CRD?)",
+                            body["metadata"].get("namespace"), body["metadata"].get("name"), fields)
+            return spec, None
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return None, f"spec{'.' + where if where else ''}: {first['msg']}"
+
+
+_IGNORED_FIELDS_LOGGED: set[tuple] = set()
+
+
+def _without(data: Any, paths: list[tuple]) -> Any:
+    """A copy of ``data`` without the keys at ``paths`` (pydantic error locations)."""
+    out = copy.deepcopy(data)
+    for path in paths:
+        node = out
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1], None)
+    return out
 
 
 def parse_status(body: dict) -> LookaheadPolicyStatus:

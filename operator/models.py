@@ -1043,6 +1043,10 @@ class Progress(StatusModel):
 
     fingerprint: Optional[str] = Field(default=None, max_length=64,
                                        description="LookaheadPolicySpec.fingerprint() being acted on.")
+    fingerprint_generation: Optional[int] = Field(
+        default=None, ge=0, description="metadata.generation at which the spec last hashed to fingerprint: a new "
+                                        "hash at the same generation is a default the user did not write (a CRD or "
+                                        "operator upgrade), not a change, and restarts nothing.")
     started_at: Optional[Timestamp] = None
     phase_since: Optional[Timestamp] = None
     batch_sizes: Optional[list[int]] = Field(default=None, max_length=MAX_BATCH_SIZES,

@@ -265,8 +265,18 @@ def reconcile(world: Observed) -> Plan:
     # A changed spec restarts measurement: nothing measured under the old spec is mixed in.
     # (The fingerprint leaves out `paused`: pausing and resuming does not restart anything.)
     measured = b.p.fingerprint
-    if measured is not None and measured != world.fingerprint and b.phase != Phase.Pending:
-        return _restart(b)
+    if measured is not None and b.phase != Phase.Pending:
+        if measured == world.fingerprint:
+            b.p.fingerprint_generation = world.generation
+        elif b.p.fingerprint_generation is not None and b.p.fingerprint_generation == world.generation:
+            # No write to the spec since it last hashed the same (the apiserver bumps the
+            # generation on every spec write): the new hash comes from a default this CRD or
+            # operator version adds, not from the user. Adopt it; restart nothing.
+            b.p.fingerprint = world.fingerprint
+            b.events.append(("Normal", "SpecDefaulted", "the spec reads with a new default (a CRD or operator "
+                                                        "upgrade) and no change of its own: measurement goes on"))
+        else:
+            return _restart(b)
 
     if world.abort_requested and b.phase not in TERMINAL_PHASES:
         _roll_back(b, "Aborted", "aborted by `kubectl lookahead abort`")
@@ -373,7 +383,7 @@ def _pending(b: _Pass) -> None:
     engines = sorted({t.engine or "unknown" for t in w.targets})
     b.fact(C.TargetsFound, True, "Found", f"{len(w.targets)} Deployment(s), engine {', '.join(engines)}")
     b.act(ActionKind.CLAIM, targets=[t.key for t in w.targets])
-    b.p.fingerprint = w.fingerprint
+    b.p.fingerprint, b.p.fingerprint_generation = w.fingerprint, w.generation
     b.p.started_at = w.now
     b.s.targets = [TargetStatus(namespace=t.namespace, name=t.name, engine=t.engine, promoted=False)
                    for t in sorted(w.targets, key=lambda t: t.key)]
