@@ -375,8 +375,19 @@ class DevCluster:
 
         wait_for(healthy, self.start_timeout, "etcd /health", alive=_first_dead(self._procs))
 
-    def _start_apiserver(self, binary: Path) -> None:
-        self.apiserver_port = free_port()
+    def restart_apiserver(self) -> float:
+        """Stop the kube-apiserver (SIGTERM, as a control-plane upgrade or a crash-restart does) and
+        start it again on the same address; returns the seconds it was unreachable. What talks to
+        it (the operator, the kubelet, Prometheus' discovery, watchers) must reconnect by itself."""
+        old = next(p for p in self._procs if p.name == "kube-apiserver")
+        t0 = time.monotonic()
+        old.stop()
+        self._procs.remove(old)
+        self._start_apiserver(control_plane_binary("kube-apiserver"), port=self.apiserver_port)
+        return time.monotonic() - t0
+
+    def _start_apiserver(self, binary: Path, port: int | None = None) -> None:
+        self.apiserver_port = port or free_port()
         pki = self.pki
         self._spawn("kube-apiserver", [
             str(binary),
