@@ -109,14 +109,14 @@ def test_a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(apis, o
                                                                          reliability):
     reliability.expect("The canary's engine hangs mid-step (its processes SIGSTOPped: connections accepted, "
                        "nothing answered, /metrics included)", "no canary samples: no answer for the step; "
-                       "Inconclusive at the analysis deadline (3 m here), nothing promoted, the fleet untouched")
+                       "Inconclusive at the analysis deadline (2 m here), nothing promoted, the fleet untouched")
     apps, core, custom, batch = apis
     ns = "fault-canary-hang"
     core.create_namespace({"metadata": {"name": ns}})
     apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
     before = sanitized(apps, ns, "chat-a")["spec"]
     body = policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["100%"])
-    body["spec"]["analysis"]["deadline"] = "3m"   # (the test's 6 m default would only make it longer)
+    body["spec"]["analysis"]["deadline"] = "2m"   # (the test's 6 m default would only make it longer)
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
     wait_for(lambda: _measured_a_while(custom, ns), timeout=240, what="measuring with data", interval=1.0)
     pod = _canary_pod(core, ns)
