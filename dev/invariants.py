@@ -48,7 +48,7 @@ that edits a target on purpose) replaces it. Templates are compared as canonical
 * "the original" (and everything after a rollback, abort, failure or deletion): canonical JSON of
   the current template == canonical JSON of the original. Nothing is ignored.
 * "the original plus exactly the promoted change": the expected template is the builders' promote
-  output from the original. The operator sends it as a patch and the apiserver fills in defaults
+  output from the original. The operator writes it (a PUT of the Deployment) and the apiserver fills in defaults
   for what the engine transform added (a port's protocol, a probe's timeouts, ...); so both sides
   go through ``apiserver_defaults`` (the pod-template defaults the apiserver applies, idempotent on
   a template the apiserver returned) and must then be equal as canonical JSON. Any other field that
@@ -147,9 +147,8 @@ EXACT_PHASES = frozenset({P.RolledBack.value, P.Failed.value, P.NotACandidate.va
 
 # --- small helpers ----------------------------------------------------------------------------------
 
-def canonical(obj: Any) -> str:
-    """Canonical JSON: sorted keys, no whitespace (what ``builders.claim_patch`` saves)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+#: Canonical JSON: sorted keys, no whitespace (what ``builders.claim_patch`` saves).
+canonical = builders.canonical
 
 
 def _meta(obj: Mapping) -> Mapping:
@@ -241,60 +240,13 @@ def planned_batch_sizes(policy: Mapping | None) -> list[int]:
 
 # --- apiserver defaulting ---------------------------------------------------------------------------
 
-_PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
-
-
-def _image_pull_policy(image: str | None) -> str:
-    image = image or ""
-    if "@" in image:
-        return "IfNotPresent"
-    last = image.rsplit("/", 1)[-1]
-    tag = last.split(":", 1)[1] if ":" in last else ""
-    return "Always" if tag in ("", "latest") else "IfNotPresent"
-
-
-def _default_container(c: dict) -> None:
-    c.setdefault("terminationMessagePath", "/dev/termination-log")
-    c.setdefault("terminationMessagePolicy", "File")
-    c.setdefault("imagePullPolicy", _image_pull_policy(c.get("image")))
-    c.setdefault("resources", {})
-    for port in c.get("ports") or []:
-        port.setdefault("protocol", "TCP")
-    for env in c.get("env") or []:
-        ref = (env.get("valueFrom") or {}).get("fieldRef")
-        if ref is not None:
-            ref.setdefault("apiVersion", "v1")
-    for name in ("livenessProbe", "readinessProbe", "startupProbe"):
-        probe = c.get(name)
-        if probe is None:
-            continue
-        for k, v in _PROBE_DEFAULTS.items():
-            probe.setdefault(k, v)
-        if "httpGet" in probe:
-            probe["httpGet"].setdefault("scheme", "HTTP")
-
-
 def apiserver_defaults(template: Mapping) -> dict:
     """A pod template with the defaults the apiserver fills in (``SetDefaults_PodSpec``,
     ``SetDefaults_Container``, probes, ports, volumes) and without ``null`` metadata values
     (``creationTimestamp: null``). Idempotent, and the identity on a template the apiserver returned:
-    used on both sides of the promoted-template comparison only."""
-    t = copy.deepcopy(dict(template))
-    t["metadata"] = {k: v for k, v in (t.get("metadata") or {}).items() if v is not None}
-    spec = t.setdefault("spec", {})
-    spec.setdefault("restartPolicy", "Always")
-    spec.setdefault("dnsPolicy", "ClusterFirst")
-    spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("securityContext", {})
-    spec.setdefault("terminationGracePeriodSeconds", 30)
-    for key in ("initContainers", "containers"):
-        for c in spec.get(key) or []:
-            _default_container(c)
-    for v in spec.get("volumes") or []:
-        for kind in ("configMap", "secret"):
-            if kind in v:
-                v[kind].setdefault("defaultMode", 420)
-    return t
+    used on both sides of the promoted-template comparison only. One implementation with the
+    operator's own comparison (``builders.comparable_template``, which ``builders.user_edited`` uses)."""
+    return builders.comparable_template(dict(template))
 
 
 # --- (a) the target's pod template ------------------------------------------------------------------

@@ -21,6 +21,11 @@ from .statemachine import ActionKind
 
 log = logging.getLogger("lookahead_operator")
 
+#: How many times a whole-object write (promote, restore) re-reads and retries after a 409 (the
+#: Deployment changed between the read and the write: a status update, a scale, or a user's edit,
+#: which the re-read then finds).
+WRITE_ATTEMPTS = 3
+
 
 @dataclass
 class Ctx:
@@ -64,6 +69,24 @@ def _release(c: Ctx, a: sm.Action) -> None:
                 c.k.patch_deployment(ns, name, b.release_patch())
 
 
+def _leave(c: Ctx, a: sm.Action) -> None:
+    """A target its user edited: drop every mark of ours (annotations only, never the template), so
+    nothing of this policy, nor a later claim, can put an outdated template back over the edit."""
+    for ns, name in a.targets:
+        d = c.k.fresh_deployment(ns, name)  # (fresh: a lagging cache would repeat the release and its event)
+        if d is not None and (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) == c.me:
+            _let_go(c, d)
+
+
+def _let_go(c: Ctx, d: dict) -> None:
+    ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+    with _unless_gone():
+        c.k.patch_deployment(ns, name, b.release_patch())
+        post_event(c.k, c.body, "Warning", "LeftToUser",
+                   f"{ns}/{name}: its pod template was changed by someone else since the operator claimed it; the "
+                   "user's change wins: released, and neither promoted nor restored by this policy")
+
+
 def _disown(c: Ctx, a: sm.Action) -> None:
     for ns, name in a.targets:
         d = c.k.get_deployment(ns, name)
@@ -83,7 +106,7 @@ def _ensure_roles(c: Ctx, a: sm.Action) -> None:
     roles = {r for r, present in w.roles_present.items() if present}
     if all(r in roles for r in b.ROLES):
         return
-    source = fleet.reference_target(w.targets)
+    source = sm.role_source(w)  # (never a target left to its user: its template is no longer the fleet's)
     d = c.k.get_deployment(*source.key)
     if d is None:
         raise ValueError(f"target {source.namespace}/{source.name} disappeared")
@@ -100,23 +123,27 @@ def _ensure_roles(c: Ctx, a: sm.Action) -> None:
         c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace))
 
 
+def _roles_namespace(w: sm.Observed) -> str:
+    """Where canary and control are (observed), else beside the target they are cloned from."""
+    return w.roles_namespace or sm.role_source(w).namespace
+
+
 def _ensure_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
-    source = fleet.reference_target(w.targets)
-    pods = {role: c.k.role_pods(source.namespace, w.namespace, w.name, role) for role in b.ROLES}
+    namespace = _roles_namespace(w)
+    pods = {role: c.k.role_pods(namespace, w.namespace, w.name, role) for role in b.ROLES}
     planned = len(w.status.progress.batch_sizes or [a.batch_size])
-    for job in loadjobs.step_jobs(c.spec, c.body, source.namespace, a.step, a.run, a.batch_size, pods, planned):
+    for job in loadjobs.step_jobs(c.spec, c.body, namespace, a.step, a.run, a.batch_size, pods, planned):
         c.k.create_if_absent(job)
 
 
 def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
-    newest = fleet.newest_promoted(w.targets)
+    newest = fleet.newest_promoted(sm.in_play(w))  # never a target left to its user
     d = c.k.get_deployment(*newest.key) if newest else None
     if d is None:
         return
-    source = fleet.reference_target(w.targets)
-    control = c.k.role_pods(source.namespace, w.namespace, w.name, "control")
+    control = c.k.role_pods(_roles_namespace(w), w.namespace, w.name, "control")
     fleet_pods = c.k.pods(newest.namespace, d["spec"]["selector"])
     for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, fleet_pods, control):
         c.k.create_if_absent(job)
@@ -130,30 +157,71 @@ def _delete_roles(c: Ctx, a: sm.Action) -> None:
     c.k.delete_role_deployments(c.world.namespace, c.world.name)
 
 
-def _promote(c: Ctx, a: sm.Action) -> None:
-    regime = measure.promotion_regime(c.world.status)
-    for ns, name in a.targets:
+def _replace_checked(c: Ctx, ns: str, name: str, write) -> None:
+    """Read the target fresh and ``write(d)`` (a whole-object PUT carrying the resourceVersion read);
+    on a 409 read again and retry (``WRITE_ATTEMPTS``). ``write`` returns nothing and decides from
+    what it read, so every retry re-checks the target (a user's edit that raced the write is then
+    seen and left alone). A 404 (the target deleted under us, ``_unless_gone``) is done."""
+    for attempt in range(WRITE_ATTEMPTS):
         d = c.k.fresh_deployment(ns, name)
         if d is None:
-            continue
+            return
+        try:
+            with _unless_gone():
+                write(d)
+            return
+        except ApiException as exc:
+            if exc.status != 409 or attempt + 1 >= WRITE_ATTEMPTS:
+                raise
+
+
+def _promote(c: Ctx, a: sm.Action) -> None:
+    """Promote each target by replacing its template wholesale with the saved original plus the
+    engine change (``builders.promote_body``, a PUT with the resourceVersion read): never merged onto
+    whatever is live, never over a template its user edited (the next pass leaves that one to them),
+    and a no-op on a target already promoted with this decision."""
+    regime = measure.promotion_regime(c.world.status)
+
+    def write(d: dict) -> None:
+        ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
         if b.original_template(d) is None:  # claimed before, but be safe: save first
             c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
             d = c.k.fresh_deployment(ns, name)
+            if d is None:
+                return
+        ann = d["metadata"].get("annotations") or {}
+        if b.user_edited(d):
+            log.warning("%s: not promoting %s/%s: its pod template was edited by its user", c.me, ns, name)
+            return
+        if ann.get(b.ANNOTATION_PROMOTED) == a.decision_id and ann.get(b.ANNOTATION_PROMOTED_TEMPLATE):
+            return  # done before (and not edited since): nothing to write
         engine = fleet.target_of(d, c.spec.engine).engine or "reference"
-        patch = b.promote_patch(d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
-                                engines.is_engine_container, a.decision_id)
-        with _unless_gone():
-            c.k.patch_deployment(ns, name, patch)
-            post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
+        c.k.replace_deployment(b.promote_body(
+            d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
+            engines.is_engine_container, a.decision_id))
+        post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
+
+    for ns, name in a.targets:
+        _replace_checked(c, ns, name, write)
 
 
 def _restore(c: Ctx, a: sm.Action) -> None:
+    """Put each target's saved template back (a PUT with the resourceVersion read), unless its user
+    edited it: then the user's template stays and only our marks go."""
+
+    def write(d: dict) -> None:
+        ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+        if b.original_template(d) is None:
+            return
+        if b.user_edited(d):
+            if (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) in (c.me, None):
+                _let_go(c, d)
+            return
+        c.k.replace_deployment(b.restore_body(d))
+        post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
+
     for ns, name in a.targets:
-        d = c.k.fresh_deployment(ns, name)
-        if d is not None and b.original_template(d) is not None:
-            with _unless_gone():
-                c.k.replace_deployment(b.restore_body(d))
-                post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
+        _replace_checked(c, ns, name, write)
 
 
 ACTIONS = {
@@ -167,6 +235,7 @@ ACTIONS = {
     ActionKind.DELETE_LOAD: _delete_load,
     ActionKind.PROMOTE: _promote,
     ActionKind.RESTORE: _restore,
+    ActionKind.LEAVE: _leave,
 }
 assert set(ACTIONS) == set(ActionKind)
 

@@ -271,27 +271,158 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
 
 
 # --- the user's Deployments: save, promote, restore ------------------------------------------
+#
+# What the operator writes on a target, and how it tells its own writes from a user's edit
+# (docs/operator.md, "When a user edits a target mid-rollout"):
+#
+# * claim: annotations only (owner, the exact pod template saved); never the template;
+# * promote: one PUT of the whole Deployment as read (optimistic concurrency on its
+#   resourceVersion): the template built from the SAVED original plus the engine change, and, in
+#   the same write, the decision id and the digest of that template (``ANNOTATION_PROMOTED_TEMPLATE``);
+# * restore: one PUT with the saved template back and our annotations removed.
+#
+# Each write changes the template and the annotations that describe it together, so any version of
+# the object (fresh or from a lagging cache) says which template the operator last wrote: the saved
+# original when not marked promoted, the digest when marked. Anything else is a user's edit.
+
+#: On a promoted target: the digest of the pod template the operator wrote (``template_digest``).
+#: (One more operator annotation beside those of ``api.py``.)
+ANNOTATION_PROMOTED_TEMPLATE = f"{GROUP}/promoted-template"
+
+#: Every annotation the operator puts on a target Deployment (and removes when it lets go of it).
+TARGET_ANNOTATIONS = (ANNOTATION_OWNER, ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_PROMOTED, ANNOTATION_PROMOTED_TEMPLATE)
+
+
+def canonical(obj) -> str:
+    """Canonical JSON: sorted keys, no whitespace (how the saved template is written)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
 
 def original_template(deployment: dict) -> dict | None:
     raw = (deployment["metadata"].get("annotations") or {}).get(ANNOTATION_ORIGINAL_TEMPLATE)
     return json.loads(raw) if raw else None
 
 
+_PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
+
+
+def _pull_policy(image: str | None) -> str:
+    image = image or ""
+    if "@" in image:
+        return "IfNotPresent"
+    last = image.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else ""
+    return "Always" if tag in ("", "latest") else "IfNotPresent"
+
+
+def _default_container(c: dict) -> None:
+    c.setdefault("terminationMessagePath", "/dev/termination-log")
+    c.setdefault("terminationMessagePolicy", "File")
+    c.setdefault("imagePullPolicy", _pull_policy(c.get("image")))
+    c.setdefault("resources", {})
+    for port in c.get("ports") or []:
+        port.setdefault("protocol", "TCP")
+    for env in c.get("env") or []:
+        ref = (env.get("valueFrom") or {}).get("fieldRef")
+        if ref is not None:
+            ref.setdefault("apiVersion", "v1")
+    for name in ("livenessProbe", "readinessProbe", "startupProbe"):
+        probe = c.get(name)
+        if probe is None:
+            continue
+        for k, v in _PROBE_DEFAULTS.items():
+            probe.setdefault(k, v)
+        if "httpGet" in probe:
+            probe["httpGet"].setdefault("scheme", "HTTP")
+
+
+def comparable_template(template: dict, strip_promoted: bool = False) -> dict:
+    """A pod template as the apiserver stores it, for comparisons: the defaults it fills in
+    (``SetDefaults_PodSpec``/``_Container``, probes, ports, volumes) added where missing and
+    ``null`` metadata values (``creationTimestamp: null``) dropped. The identity on a template the
+    apiserver returned (every default is already there), so it never hides a user's edit of a live
+    object; it makes a template the operator computed (the saved original plus the engine change)
+    compare equal to what the apiserver stores for it. ``strip_promoted``: without the operator's
+    own ``ANNOTATION_PROMOTED`` on the template's metadata."""
+    t = copy.deepcopy(dict(template or {}))
+    meta = {k: v for k, v in (t.get("metadata") or {}).items() if v is not None}
+    if strip_promoted and meta.get("annotations"):
+        rest = {k: v for k, v in meta["annotations"].items() if k != ANNOTATION_PROMOTED}
+        if rest:
+            meta["annotations"] = rest
+        else:
+            meta.pop("annotations")
+    t["metadata"] = meta
+    spec = t.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    for key in ("initContainers", "containers"):
+        for c in spec.get(key) or []:
+            _default_container(c)
+    for v in spec.get("volumes") or []:
+        for kind in ("configMap", "secret"):
+            if kind in v:
+                v[kind].setdefault("defaultMode", 420)
+    return t
+
+
+def template_digest(template: dict) -> str:
+    """The digest recorded with a promotion (``ANNOTATION_PROMOTED_TEMPLATE``): sha256 of the
+    canonical JSON of ``comparable_template(template)``."""
+    return "sha256:" + hashlib.sha256(canonical(comparable_template(template)).encode()).hexdigest()
+
+
+def user_edited(deployment: dict) -> bool:
+    """Whether someone else changed a claimed target's pod template since the operator last wrote it.
+
+    The template must be the one the operator's last write left: the saved original when the
+    Deployment is not marked promoted, or exactly the template it promoted (its digest,
+    ``ANNOTATION_PROMOTED_TEMPLATE``) when it is. Only ``spec.template`` counts: replicas (``kubectl
+    scale``, an HPA), the Deployment's own labels and annotations, its strategy, its status are not
+    an edit. Anything in the template is (an image, an env var, a flag, ``kubectl rollout restart``'s
+    annotation, ``kubectl rollout undo`` back to the original while promoted). False when nothing is
+    saved (not claimed), when the saved template is unreadable, and for a promotion written by an
+    operator that recorded no digest (it cannot be told apart)."""
+    ann = deployment["metadata"].get("annotations") or {}
+    if not ann.get(ANNOTATION_ORIGINAL_TEMPLATE):
+        return False
+    live = (deployment.get("spec") or {}).get("template") or {}
+    if ann.get(ANNOTATION_PROMOTED):
+        digest = ann.get(ANNOTATION_PROMOTED_TEMPLATE)
+        return bool(digest) and template_digest(live) != digest
+    try:
+        saved = original_template(deployment)
+    except ValueError:
+        return False
+    return (canonical(comparable_template(live, strip_promoted=True))
+            != canonical(comparable_template(saved, strip_promoted=True)))
+
+
 def claim_patch(deployment: dict, owner: str) -> dict:
     """Mark a fleet Deployment as owned by a policy and save its pod template, exactly, before
-    anything else touches it. A template saved earlier is never overwritten: after a crash the
-    first save is the truth."""
-    annotations = {ANNOTATION_OWNER: owner}
-    if original_template(deployment) is None:
-        annotations[ANNOTATION_ORIGINAL_TEMPLATE] = json.dumps(deployment["spec"]["template"], sort_keys=True,
-                                                               separators=(",", ":"))
+    anything else touches it (annotations only: the template is not touched). A template saved
+    earlier is kept -- after a crash the first save is the truth -- unless the template was edited
+    by someone else since (``user_edited``): a saved copy that is no longer what runs would one day
+    be restored over the user's change, so the current template is saved instead and the promotion
+    marks that described the old one go."""
+    annotations: dict = {ANNOTATION_OWNER: owner}
+    saved = bool((deployment["metadata"].get("annotations") or {}).get(ANNOTATION_ORIGINAL_TEMPLATE))
+    if not saved or user_edited(deployment):
+        annotations[ANNOTATION_ORIGINAL_TEMPLATE] = canonical(deployment["spec"]["template"])
+        if saved:
+            annotations.update({ANNOTATION_PROMOTED: None, ANNOTATION_PROMOTED_TEMPLATE: None})
     return {"metadata": {"annotations": annotations}}
 
 
 def promote_patch(deployment: dict, transform: ContainerTransform, is_engine: Callable[[dict], bool],
                   decision_id: str) -> dict:
-    """The patch that turns lookahead on in one fleet Deployment (a JSON merge patch of the whole
-    template, so a re-run is idempotent)."""
+    """What promoting one fleet Deployment writes: the template built from the SAVED original with
+    lookahead turned on (never from the live one), the decision id, and the digest of that template
+    (so a later edit by anyone else can be told apart: ``user_edited``). ``promote_body`` writes it
+    as a whole-object replacement."""
     saved = original_template(deployment)
     if saved is None:
         raise ValueError(f"refusing to promote {deployment['metadata']['name']}: its original template "
@@ -300,29 +431,50 @@ def promote_patch(deployment: dict, transform: ContainerTransform, is_engine: Ca
     tmeta = template.setdefault("metadata", {})
     # Pods of the promoted template say so, which lets the guard pick a promoted pod to compare.
     tmeta["annotations"] = {**(tmeta.get("annotations") or {}), ANNOTATION_PROMOTED: decision_id}
-    return {"metadata": {"annotations": {ANNOTATION_PROMOTED: decision_id}},
+    return {"metadata": {"annotations": {ANNOTATION_PROMOTED: decision_id,
+                                         ANNOTATION_PROMOTED_TEMPLATE: template_digest(template)}},
             "spec": {"template": template}}
+
+
+def promote_body(deployment: dict, transform: ContainerTransform, is_engine: Callable[[dict], bool],
+                 decision_id: str) -> dict:
+    """The Deployment as read (``deployment``: fresh from the API, with its resourceVersion) with
+    the promoted template in place of its template, whole, and the promotion annotations: for a
+    replacement (PUT). Nothing of the live template is merged in, and the resourceVersion makes the
+    write fail (409) rather than overwrite a change made since the read; a re-run after success
+    writes the same object again. Refuses a target whose template its user edited."""
+    if user_edited(deployment):
+        raise ValueError(f"refusing to promote {deployment['metadata']['name']}: its pod template was edited "
+                         "by its user since the operator claimed it")
+    patch = promote_patch(deployment, transform, is_engine, decision_id)
+    out = copy.deepcopy(deployment)
+    out["spec"]["template"] = patch["spec"]["template"]
+    out["metadata"]["annotations"] = {**(out["metadata"].get("annotations") or {}),
+                                      **patch["metadata"]["annotations"]}
+    return out
 
 
 def restore_body(deployment: dict) -> dict:
     """The Deployment with its saved pod template put back exactly and our annotations removed
-    (for a full replace, so fields we added to the template do not survive a merge)."""
+    (for a full replace, so fields we added to the template do not survive a merge). The caller
+    checks ``user_edited`` first: a template its user edited is never restored over."""
     saved = original_template(deployment)
     if saved is None:
         raise ValueError(f"{deployment['metadata']['name']} has no saved template to restore")
     out = copy.deepcopy(deployment)
     out["spec"]["template"] = saved
     annotations = dict(out["metadata"].get("annotations") or {})
-    for key in (ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_OWNER, ANNOTATION_PROMOTED):
+    for key in TARGET_ANNOTATIONS:
         annotations.pop(key, None)
     out["metadata"]["annotations"] = annotations
     return out
 
 
 def release_patch() -> dict:
-    """Give a never-promoted Deployment back: drop our ownership marks (merge patch null deletes)."""
-    return {"metadata": {"annotations": {ANNOTATION_OWNER: None, ANNOTATION_ORIGINAL_TEMPLATE: None,
-                                         ANNOTATION_PROMOTED: None}}}
+    """Give a Deployment back: drop every mark of ours (a patch of annotations only, ``null``
+    deletes; the template is not touched). For a never-promoted target, and for one its user
+    edited (``user_edited``), whose saved template must not outlive the edit."""
+    return {"metadata": {"annotations": {key: None for key in TARGET_ANNOTATIONS}}}
 
 
 def wave_members(targets: Iterable[tuple[str, str]], waves_percent: list[float], wave: int) -> list[tuple[str, str]]:

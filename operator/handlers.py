@@ -25,7 +25,7 @@ import kubernetes
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from . import actions, api, cache, conditions, engines, fleet, metrics, observe
+from . import actions, api, cache, conditions, engines, metrics, observe
 from . import statemachine as sm
 from .api import ANNOTATION_ABORT, ANNOTATION_APPROVE, FINALIZER, GROUP, PLURAL, VERSION
 from .conditions import Fact
@@ -480,7 +480,7 @@ def cleanup(body, meta, **_) -> None:
     if spec is not None:  # and whatever matches now (a claim may have landed after the last status write)
         keys = {t.key for t in known}
         namespaces = k.target_namespaces(namespace, spec.targets.namespace_selector, spec.targets.namespaces)
-        known += [t for t in (fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector))
+        known += [t for t in (observe.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector))
                   if t.key not in keys]
     world.targets = known
     ctx = actions.Ctx(k, body, spec, world)

@@ -825,6 +825,7 @@ class ConditionType(StrEnum):
 
     Accepted = "Accepted"            # the spec is valid and can be acted on
     TargetsFound = "TargetsFound"    # Deployments match spec.targets and no other policy owns them
+    TargetsEdited = "TargetsEdited"  # targets whose pod template their user changed mid-rollout: left to them
     RolesReady = "RolesReady"        # canary and control are up
     MetricsAvailable = "MetricsAvailable"  # Prometheus answered the last read
     Approved = "Approved"            # promotion may go on (or no approval is required)
@@ -1013,6 +1014,9 @@ class TargetStatus(StatusModel):
     promoted: bool = False
     wave: Optional[int] = Field(default=None, ge=1, description="The wave that promoted it.")
     saved_template: Optional[FreeForm] = Field(default=None, description="The pod template before the first patch.")
+    user_edited: Optional[bool] = Field(
+        default=None, description="Its pod template was changed by someone else mid-rollout: the user's change wins; "
+                                  "the operator released it and neither promotes nor restores it.")
 
 
 class WorkloadRef(StatusModel):

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
+from dataclasses import replace
 from datetime import datetime
 
 from . import builders as b
@@ -38,16 +40,16 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     world.abort_requested = annotations.get(ANNOTATION_ABORT, "").lower() in ("true", "1", "yes")
 
     namespaces = k.target_namespaces(meta["namespace"], spec.targets.namespace_selector, spec.targets.namespaces)
-    found = [fleet.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector)]
+    found = [target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector)]
     keys = {t.key for t in found}
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in known_targets(k, status, spec.engine) if t.key not in keys]
     roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
-    role_ns = _role_namespace(world, roles)
+    role_ns = world.roles_namespace = _role_namespace(world, roles)
     world.roles_present = {r: r in roles or cache.recently_created(
         "Deployment", role_ns, b.role_deployment_name(meta["name"], r, meta["namespace"], role_ns)) for r in b.ROLES}
     world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
-    world.support_problems = _support_problems(k, spec, world.targets, status.phase)
+    world.support_problems = _support_problems(k, spec, world, status.phase)
     jobs = k.load_jobs(meta["namespace"], meta["name"])
     world.load_running = running_load(jobs, status.progress.load_run)
     world.load_pods_gone = gone_load_targets(
@@ -63,7 +65,7 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         elif need is sm.Need.STEP:
             world.step = measure.step(spec, policy, status, now)
         elif need is sm.Need.DECISION:
-            source = fleet.reference_target(world.targets) if world.targets else None
+            source = sm.role_source(world)
             top = fleet.engine_max_batch(k.get_deployment(*source.key), source.engine) if source else None
             world.decision = measure.decision(spec, status, max_batch_size=top)
         elif need is sm.Need.GUARD:
@@ -103,17 +105,19 @@ def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str,
 
 
 def _role_namespace(world: sm.Observed, roles: dict) -> str:
-    """Where the canary and control live: beside the first target (``fleet.reference_target``)."""
+    """Where the canary and control live: where they are, else beside the target they are cloned
+    from (``statemachine.role_source``)."""
     if roles:
         return next(iter(roles.values()))["metadata"]["namespace"]
-    return fleet.reference_target(world.targets).namespace if world.targets else world.namespace
+    source = sm.role_source(world)
+    return source.namespace if source is not None else world.namespace
 
 
-def _support_problems(k: Kube, spec: LookaheadPolicySpec, targets: list[sm.Target], phase: Phase) -> list[str]:
+def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: sm.Observed, phase: Phase) -> list[str]:
     check = getattr(engines, "support_problems", None)
-    if check is None or phase not in (Phase.Pending, Phase.Preflight) or not targets:
+    if check is None or phase not in (Phase.Pending, Phase.Preflight) or not world.targets:
         return []
-    source = fleet.reference_target(targets)
+    source = sm.role_source(world)
     d = k.get_deployment(*source.key)
     if d is None:
         return []
@@ -135,5 +139,34 @@ def known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Tar
     for row in status.targets or []:
         d = k.get_deployment(row.namespace, row.name)
         if d is not None:
-            out.append(fleet.target_of(d, engine or row.engine))
+            out.append(target_of(d, engine or row.engine))
     return out
+
+
+def target_of(deployment: dict, engine) -> sm.Target:
+    """A target Deployment as the state machine sees it (``fleet.target_of``), with whether its user
+    edited its pod template since our last write (``builders.user_edited``)."""
+    return replace(fleet.target_of(deployment, engine), user_edited=_user_edited(deployment))
+
+
+_EDITED: "OrderedDict[tuple, bool]" = OrderedDict()
+_EDITED_MAX = 4096
+
+
+def _user_edited(d: dict) -> bool:
+    """``builders.user_edited``, remembered per resourceVersion: a pass over an unchanged target
+    parses and compares no template."""
+    meta = d["metadata"]
+    ann = meta.get("annotations") or {}
+    if not ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE):
+        return False
+    rv = meta.get("resourceVersion")
+    if not rv:
+        return b.user_edited(d)
+    key = (meta.get("namespace"), meta.get("name"), meta.get("uid"), rv)
+    hit = _EDITED.get(key)
+    if hit is None:
+        hit = _EDITED[key] = b.user_edited(d)
+        if len(_EDITED) > _EDITED_MAX:
+            _EDITED.popitem(last=False)
+    return hit

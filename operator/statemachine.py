@@ -22,6 +22,10 @@ Rules that hold in every phase:
 * Paused means frozen: the load stops, nothing else is done, every clock stops; on resume the
   clocks are shifted by the pause and the interrupted step or guard load starts afresh.
 * Which measurement each phase needs is declared here (``NEEDS``); the handler reads it.
+* A target whose pod template its user edited after the claim (``Target.user_edited``) is left to
+  them: recorded in ``status.targets`` (``userEdited``) and the ``TargetsEdited`` condition,
+  released (our annotations only), and never promoted or restored again by this rollout; the rest
+  of the rollout goes on with the other targets (``left_to_user``, docs/operator.md).
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class Target:
     promoted: str | None = None       # the decision id it was promoted with, if any
     rolled_out: bool = True           # its latest template is fully rolled out and available
     rollout_failed: str | None = None  # the Deployment's own ProgressDeadlineExceeded message, if any
+    user_edited: bool = False         # its pod template is not the one our last write left (builders.user_edited)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -139,6 +144,7 @@ class Observed:
     abort_requested: bool = False
     support_problems: list[str] = field(default_factory=list)  # what the engine version cannot do
     roles_present: dict[str, bool] = field(default_factory=dict)
+    roles_namespace: str | None = None  # where canary and control are (or are to be created)
     # load Jobs of status.progress.loadRun that have a running (ready) pod, by the role each drives
     load_running: set[str] = field(default_factory=set)
     # roles whose current load Job drives a pod that is gone (its load reaches nothing)
@@ -163,6 +169,7 @@ class ActionKind(StrEnum):
     DELETE_LOAD = "DeleteLoadJobs"     # every load Job of the policy
     PROMOTE = "PromoteTargets"
     RESTORE = "RestoreTargets"         # saved template back, exactly
+    LEAVE = "LeaveToUser"              # a target its user edited: drop all our marks, never touch its template
 
 
 @dataclass(frozen=True)
@@ -196,6 +203,9 @@ class _Pass:
         self.actions: list[Action] = []
         self.events: list[tuple[str, str, str]] = []
         self.requeue: float | None = 5.0
+        self.left = left_to_user(world)   # targets left to their users: never promoted or restored
+        self.noted = False                # _note_user_edits ran in this pass
+        self.ignore_guard = False         # the guard's load restarted in this pass: its check is stale
 
     @property
     def p(self):
@@ -294,6 +304,14 @@ def reconcile(world: Observed) -> Plan:
         b.p.read_errors = None
         b.fact(C.MetricsAvailable, True, "Read", "Prometheus answered")
 
+    if b.phase not in TERMINAL_PHASES and b.phase != Phase.Pending and b.left:
+        _note_user_edits(b)
+        if not in_play(world):
+            _stop(b, Phase.Failed, "UserEdited",
+                  f"every target was edited by its user mid-rollout and is left to them "
+                  f"({', '.join(f'{ns}/{n}' for ns, n in sorted(b.left))}); nothing is left to roll out")
+            return b.plan()
+
     handler = _PHASES.get(b.phase)
     if handler is not None:
         handler(b)
@@ -329,14 +347,16 @@ def _refuse(b: _Pass, reason: str, message: str) -> Plan:
 
 def _restart(b: _Pass) -> Plan:
     w = b.w
-    promoted = [t.key for t in w.targets if t.promoted and t.owner == w.key]
+    # (a target its user edited is not restored: the new rollout's claim saves its template as it is)
+    promoted = [t.key for t in w.targets if t.promoted and t.owner == w.key and t.key not in b.left]
     if promoted:
         b.act(ActionKind.RESTORE, targets=promoted)
     b.act(ActionKind.DELETE_LOAD)
     b.act(ActionKind.DELETE_ROLES)
     b.events.append(("Normal", "SpecChanged", f"spec changed (generation {w.generation}): measurement restarts"))
     b.s = LookaheadPolicyStatus(phase=Phase.Pending, message="spec changed: measurement restarts",
-                                conditions=b.s.conditions, observed_generation=w.generation)
+                                conditions=[c for c in b.s.conditions or [] if c.type != C.TargetsEdited] or None,
+                                observed_generation=w.generation)
     b.wait(0)
     return b.plan()
 
@@ -365,6 +385,74 @@ def _paused(b: _Pass) -> bool:
         b.events.append(("Normal", "Resumed", f"resumed after {_seconds(gap):.0f}s; clocks shifted by the pause"))
     b.fact(C.Paused, False, "Running", "not paused")
     return False
+
+
+# --- targets their users edited ------------------------------------------------------------------
+
+def left_to_user(world: Observed) -> frozenset[tuple[str, str]]:
+    """The targets left to their users in this rollout: recorded in ``status.targets`` as
+    ``userEdited``, or seen now owned by this policy with a pod template its user edited. None in
+    Pending: nothing was rolled out yet, and the claim saves the template as it is then (an edit
+    before the claim is simply part of the original)."""
+    if world.status.phase == Phase.Pending:
+        return frozenset()
+    recorded = {(r.namespace, r.name) for r in world.status.targets or [] if r.user_edited}
+    return frozenset(recorded | {t.key for t in world.targets if t.owner == world.key and t.user_edited})
+
+
+def in_play(world: Observed) -> list[Target]:
+    """The targets the rollout still acts on (every target but those ``left_to_user``)."""
+    left = left_to_user(world)
+    return [t for t in world.targets if t.key not in left]
+
+
+def role_source(world: Observed) -> Target | None:
+    """The target whose pod template canary and control are cloned from: the first, in a stable
+    order, of the targets still in play (so never one whose template its user replaced), else of
+    all targets."""
+    pool = in_play(world) or world.targets
+    return min(pool, key=lambda t: t.key) if pool else None
+
+
+def _note_user_edits(b: _Pass) -> None:
+    """Leave the targets their users edited to them (once per pass): each one still carrying our
+    marks is released (``LEAVE``: annotations only), its ``status.targets`` row says ``userEdited``
+    (and no longer promoted: it is not in our care), and ``TargetsEdited`` names them all. When the
+    promoted target the guard drives is among the new ones, the guard's load and clock start afresh
+    (on the newest promoted target still in play): its pods are being replaced by the user's."""
+    if b.noted or not b.left:
+        return
+    b.noted = True
+    w, p = b.w, b.p
+    recorded = {(r.namespace, r.name) for r in w.status.targets or [] if r.user_edited}
+    ours = [t.key for t in w.targets if t.owner == w.key and t.user_edited]
+    if ours:
+        b.act(ActionKind.LEAVE, targets=ours)
+    engines = {t.key: t.engine for t in w.targets}
+    rows = {(r.namespace, r.name): r for r in b.s.targets or []}
+    for key in b.left:
+        row = rows.get(key) or TargetStatus(namespace=key[0], name=key[1], engine=engines.get(key))
+        rows[key] = row.model_copy(update={"user_edited": True, "promoted": False, "wave": None})
+    b.s.targets = [rows[k] for k in sorted(rows)]
+    names = ", ".join(f"{ns}/{n}" for ns, n in sorted(b.left))
+    b.fact(C.TargetsEdited, True, "UserEdited",
+           f"left to their users, whose edits of the pod template win (not promoted, not restored, released): "
+           f"{names}")
+    new = b.left - recorded
+    if not new:
+        return
+    b.events.append(("Warning", "UserEdited", "pod template edited by its user mid-rollout; left to them: "
+                     + ", ".join(f"{ns}/{n}" for ns, n in sorted(new))))
+    driven = max((t.key for t in w.targets if t.promoted and t.key not in recorded), default=None)
+    if b.phase in MID_ROLLOUT and driven in new:
+        b.act(ActionKind.DELETE_LOAD)
+        _new_load_run(p)
+        _reset_guard_legs(b)
+        if b.phase == Phase.Promoting:
+            p.wave_started_at = w.now
+        else:
+            p.guard_started_at = w.now
+        b.ignore_guard = True
 
 
 def _pending(b: _Pass) -> None:
@@ -523,9 +611,12 @@ def _load_started(b: _Pass, roles: tuple[str, ...]) -> bool:
     """Whether the current run's load Jobs, one per role in ``roles``, all have a running pod; the
     first pass that sees it records when (``status.progress.loadStartedAt``): measurement counts
     from there, so a load pod that is pending (unschedulable, pulling its image) never shows as a
-    role that stalled."""
+    role that stalled. ``Observed.load_running`` is of the run this pass began with: after a new
+    run in this same pass (a user's edit of the guarded target restarts its load) it says nothing
+    of the new run's Jobs, which do not exist yet."""
     p = b.p
-    if p.load_started_at is None and set(roles) <= b.w.load_running:
+    observed_run = b.w.status.progress.load_run
+    if p.load_started_at is None and p.load_run == observed_run and set(roles) <= b.w.load_running:
         p.load_started_at = b.w.now
     return p.load_started_at is not None
 
@@ -592,9 +683,20 @@ def _promoting(b: _Pass) -> None:
     w, spec, p = b.w, b.spec, b.p
     waves = spec.promotion.waves
     wave = p.wave or 0
-    members = wave_members([t.key for t in w.targets], waves, wave)
+    # Waves keep their positions over the whole fleet; a target left to its user is skipped in its wave.
+    members = [k for k in wave_members([t.key for t in w.targets], waves, wave) if k not in b.left]
     decision_id = b.s.decision.id if b.s.decision else ""
     b.s.current_wave = wave + 1
+    if not members and wave + 1 < len(waves):
+        # (waves are cumulative: nothing of ours changed in this wave, so there is nothing to guard)
+        b.events.append(("Normal", "WaveSkipped", f"wave {wave + 1}/{len(waves)}: every target of it is left to "
+                                                  "its user"))
+        b.act(ActionKind.DELETE_LOAD)
+        p.wave, p.wave_started_at = wave + 1, w.now
+        _new_load_run(p)
+        _reset_guard_legs(b)
+        b.wait(0)
+        return
     broken = [t for t in w.targets if t.key in members and t.promoted and t.rollout_failed]
     if broken:
         t = broken[0]
@@ -642,6 +744,9 @@ def _promoting(b: _Pass) -> None:
 def _mark_promoted(b: _Pass, members: list[tuple[str, str]], wave: int) -> None:
     rows = []
     for row in b.s.targets or []:
+        if row.user_edited:
+            rows.append(row)
+            continue
         on = (row.namespace, row.name) in members
         rows.append(row.model_copy(update={"promoted": on, "wave": (row.wave or wave + 1) if on else None}))
     b.s.targets = rows
@@ -720,7 +825,8 @@ def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | 
     size, lookahead = legs[i]
     where = f"batch size {size}" + ("" if len(legs) == 1 else
                                     f" ({'inside' if lookahead else 'above'} the lookahead range)")
-    check = replace(w.guard, message=f"{where}: {w.guard.message}") if w.guard is not None else None
+    check = replace(w.guard, message=f"{where}: {w.guard.message}") \
+        if w.guard is not None and not b.ignore_guard else None
     if check is not None and check.regressed:
         _roll_back(b, "GuardRegression", (f"{what}, " if status_wave is not None else "") + check.message)
         return True
@@ -773,17 +879,21 @@ def _guarding(b: _Pass) -> None:
 
 def _clean_up(b: _Pass) -> list[tuple[str, str]]:
     """Put the cluster back exactly: promoted targets restored, our objects deleted, targets released.
+    Targets left to their users are not restored (their user's template stays) but released.
     Returns what was restored."""
     w = b.w
     b.actions = [a for a in b.actions if a.kind not in (ActionKind.ENSURE_ROLES, ActionKind.ENSURE_LOAD,
                                                          ActionKind.ENSURE_GUARD_LOAD, ActionKind.PROMOTE)]
-    promoted = [t.key for t in w.targets if t.owner == w.key and t.promoted]
+    _note_user_edits(b)
+    promoted = [t.key for t in w.targets if t.owner == w.key and t.promoted and t.key not in b.left]
     if promoted:
         b.act(ActionKind.RESTORE, targets=promoted)
     b.act(ActionKind.DELETE_LOAD)
     b.act(ActionKind.DELETE_ROLES)
     # (the handler releases only what this policy owns and never drops a promoted one's saved template)
-    b.act(ActionKind.RELEASE, targets=[t.key for t in w.targets])
+    rest = [t.key for t in w.targets if t.key not in b.left]
+    if rest:
+        b.act(ActionKind.RELEASE, targets=rest)
     b.s.targets = [r.model_copy(update={"promoted": False}) for r in b.s.targets or []] or None
     return promoted
 
@@ -821,10 +931,17 @@ def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str)
     """What deleting a policy does (pure): its canary, control and load Jobs go. Mid-rollout
     (Promoting or Guarding) promoted Deployments are restored to their saved templates, since no
     guard will watch them any more; after Succeeded lookahead stays on and only our ownership mark
-    goes (the saved template stays, to put back by hand); never-promoted targets are released."""
+    goes (the saved template stays, to put back by hand); never-promoted targets are released.
+    A target whose pod template its user edited (now, or recorded in ``status.targets``) is never
+    restored: all our marks go and its template stays the user's."""
+    recorded = {(r.namespace, r.name) for r in status.targets or [] if r.user_edited}
     ours = [t for t in targets if t.owner == me]
+    edited = [t.key for t in ours if t.user_edited or t.key in recorded]
+    ours = [t for t in ours if t.key not in edited]
     promoted = [t.key for t in ours if t.promoted]
     plan = [Action(ActionKind.DELETE_LOAD), Action(ActionKind.DELETE_ROLES)]
+    if edited:
+        plan.append(Action(ActionKind.LEAVE, targets=tuple(sorted(edited))))
     if promoted and status.phase in MID_ROLLOUT | {Phase.Pending, Phase.Preflight, Phase.Launching,
                                                    Phase.Measuring, Phase.Deciding}:
         plan.append(Action(ActionKind.RESTORE, targets=tuple(sorted(promoted))))

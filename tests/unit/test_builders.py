@@ -152,3 +152,17 @@ def test_load_job_shape():
     assert c["args"][:4] == ["--url", "http://10.0.0.5:8080", "--concurrency", "8"]
     assert j["metadata"]["labels"][b.LABEL_STEP] == "2" and j["metadata"]["labels"][b.LABEL_RUN] == "5"
     assert j["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_promote_records_the_digest_of_the_template_it_writes_and_restore_removes_it():
+    t = target()
+    t["metadata"]["annotations"].update(b.claim_patch(t, "inference/chat-fleet")["metadata"]["annotations"])
+    assert not b.user_edited(t)
+    patch = b.promote_patch(t, add_flag, is_engine, "d1")
+    digest = patch["metadata"]["annotations"][b.ANNOTATION_PROMOTED_TEMPLATE]
+    assert digest == b.template_digest(patch["spec"]["template"]) and digest.startswith("sha256:")
+    body = b.promote_body(t, add_flag, is_engine, "d1")
+    assert body["spec"]["template"] == patch["spec"]["template"] and not b.user_edited(body)
+    body["spec"]["template"]["spec"]["containers"][1]["env"].append({"name": "B", "value": "2"})
+    assert b.user_edited(body), "an unrelated env var added to the promoted template is the user's edit"
+    assert b.ANNOTATION_PROMOTED_TEMPLATE not in b.restore_body(body)["metadata"]["annotations"]

@@ -43,3 +43,12 @@ def test_input_is_not_mutated_and_order_is_stable():
     derive(conds, {C.Accepted: Fact(False, "InvalidSpec", "x")}, Phase.Failed, "", 2, T0)
     assert conds == before
     assert [c.type for c in conds] == ["Accepted", "Paused", "Ready"]
+
+
+def test_targets_edited_is_kept_through_the_end_of_the_rollout_and_sorts_after_targets_found():
+    conds = derive([], {C.TargetsEdited: Fact(True, "UserEdited", "left to their users: serving/b"),
+                        C.TargetsFound: Fact(True, "Found", "2 Deployment(s)")}, Phase.Promoting, "", 1, T0)
+    assert [c.type for c in conds][:2] == ["TargetsFound", "TargetsEdited"]
+    done = derive(conds, {}, Phase.Succeeded, "guard passed", 1, T0 + timedelta(minutes=5))
+    c = get(done, C.TargetsEdited)
+    assert c is not None and c.reason == "UserEdited" and "serving/b" in c.message, "a record, not a phase state"
