@@ -345,7 +345,8 @@ def test_a_spec_change_does_not_restore_an_edited_target_and_starts_afresh():
     _, w = run(w)
     _, w = run(replace(w, targets=[tgt("a", promoted=did, edited=True), tgt("b")]))
     assert cond(w.status, ConditionType.TargetsEdited) is not None
-    plan = sm.reconcile(replace(w, targets=[tgt("a", owner=None), tgt("b", promoted=did)], fingerprint="changed"))
+    plan = sm.reconcile(replace(w, targets=[tgt("a", owner=None), tgt("b", promoted=did)], fingerprint="changed",
+                                generation=w.generation + 1))  # a write to the spec: a new generation
     assert plan.status.phase == Phase.Pending
     assert [a.targets for a in plan.actions if a.kind == K.RESTORE] == [(("serving", "b"),)]
     assert cond(plan.status, ConditionType.TargetsEdited) is None, "a new rollout claims every target afresh"
