@@ -378,3 +378,12 @@ def test_errors_are_api_exceptions_and_expected_ones_are_answers():
     assert k.create_if_absent(role("control")) is True
     assert k.api_client.rest_client.calls[2][1].endswith("/apis/lookahead.dev/v1alpha1/namespaces/team-a/"
                                                          "lookaheadpolicies/bench/status")
+
+
+def test_each_replica_gets_its_own_nonzero_peering_priority():
+    """Kopf pauses every operator that sees a peer of its own priority: the chart's replicas (one
+    ReplicaSet, pod names differing in their suffix) must never share one, nor take Kopf's 0."""
+    names = [f"lookahead-lookahead-operator-5dbcc6877d-{s}" for s in ("l9kdd", "n2kxf", "6p6wq", "gzswd", "kq62h")]
+    prios = [handlers.peering_priority(n) for n in names]
+    assert len(set(prios)) == len(prios) and min(prios) > 0
+    assert prios == [handlers.peering_priority(n) for n in names], "stable across restarts of the same Pod"
