@@ -52,3 +52,7 @@ PROM_LABEL_POLICY = "lookahead_dev_policy"
 PROM_LABEL_POLICY_NAMESPACE = "lookahead_dev_policy_namespace"
 PROM_LABEL_ROLE = "lookahead_dev_role"
 PROM_LABEL_TARGET = "lookahead_dev_target"
+
+# --- the load generator Pods' resources when a policy leaves load.resources out
+DEFAULT_LOAD_REQUESTS = {"cpu": "250m", "memory": "256Mi"}
+DEFAULT_LOAD_LIMITS = {"memory": "512Mi"}

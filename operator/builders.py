@@ -18,6 +18,8 @@ from .api import (  # noqa: F401 - the names builders put on objects (api.py own
     ANNOTATION_OWNER,
     ANNOTATION_PROMOTED,
     ANNOTATION_SOURCE,
+    DEFAULT_LOAD_LIMITS,
+    DEFAULT_LOAD_REQUESTS,
     GROUP,
     LABEL_DRIVES,
     LABEL_GENERATION,
@@ -177,7 +179,8 @@ def container_port(container: dict, default: int = 8000) -> int:
 
 def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run: int, batch_size: int, url: str,
                    duration_s: float, image: str, prompts, model: str | None = None,
-                   extra_labels: dict[str, str] | None = None) -> dict:
+                   extra_labels: dict[str, str] | None = None,
+                   resources: dict[str, dict[str, str]] | None = None) -> dict:
     """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role.
 
     ``prompts`` is the policy's ``load.prompts`` (a ``models.PromptSource``): a bundled set by name,
@@ -210,8 +213,9 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
         "image": image,
         "command": ["python3", "-m", "lookahead_canary.loadgen"],
         "args": args,
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
-                      "limits": {"memory": "512Mi"}},
+        # the policy's load.resources (models.LoadResources), else its defaults
+        "resources": resources if resources is not None else {"requests": dict(DEFAULT_LOAD_REQUESTS),
+                                                              "limits": dict(DEFAULT_LOAD_LIMITS)},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }

@@ -36,7 +36,8 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
         url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
         jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
                                      duration, _load_image(spec), spec.load.prompts,
-                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
+                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]},
+                                     resources=spec.load.resources.as_container()))
     return jobs
 
 
@@ -58,5 +59,6 @@ def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_inde
         url = f"http://{pod['status']['podIP']}:{port}"
         jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
                                      _load_image(spec), spec.load.prompts,
-                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]}))
+                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]},
+                                     resources=spec.load.resources.as_container()))
     return jobs

@@ -48,6 +48,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from kubernetes.utils import parse_quantity  # the client's own quantity parser
 from pydantic.alias_generators import to_camel
 
 from lookahead_canary import units
@@ -56,6 +57,8 @@ from lookahead_canary import units
 # identity of the API
 
 from .api import (  # noqa: F401 - re-exported: the API's names belong with its models
+    DEFAULT_LOAD_LIMITS,
+    DEFAULT_LOAD_REQUESTS,
     ANNOTATION_ABORT,
     ANNOTATION_APPROVE,
     API_VERSION,
@@ -516,6 +519,75 @@ class PromptSource(ApiModel):
         return self
 
 
+# A Kubernetes resource quantity ("250m", "256Mi", 1): kept as the string the API server accepts.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+def _quantity_in(v: Any) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"expected a quantity like '250m' or '256Mi', got {v!r}")
+    try:
+        negative = parse_quantity(v) < 0
+    except ValueError:
+        raise ValueError(f"expected a quantity like '250m' or '256Mi', got {v!r}") from None
+    if negative:
+        raise ValueError(f"a resource quantity cannot be negative, got {v!r}")
+    return str(v)
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_in),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64,
+                    "description": "A Kubernetes quantity: '250m', '256Mi', 1."}),
+]
+RESOURCE_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9./_]{0,251}[a-zA-Z0-9])?$"
+_RESOURCE_MAP_CEL = {"x-kubernetes-validations": [
+    _cel(f"self.all(k, k.matches('{RESOURCE_NAME_PATTERN}'))", "resource names are like cpu, memory or nvidia.com/gpu"),
+    _cel("self.all(k, isQuantity(string(self[k])) && quantity(string(self[k])).sign() >= 0)",
+         "quantities are like 250m, 256Mi or 1, and not negative"),
+]}
+
+
+class LoadResources(ApiModel):
+    """The load generator Pods' resources (a container's ``resources``). The defaults fit one
+    closed-loop generator of up to a few hundred requests in flight; on a small node, lower the
+    CPU request so that both roles' generators schedule at once (they run side by side)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) "
+             "|| !isQuantity(string(self.requests[k])) || !isQuantity(string(self.limits[k])) "
+             "|| quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
+             "a request cannot be above its limit", ".requests"),
+    ]})
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: dict(DEFAULT_LOAD_REQUESTS), description="Requested resources.",
+        json_schema_extra={"default": DEFAULT_LOAD_REQUESTS, "maxProperties": 16, **_RESOURCE_MAP_CEL})
+    limits: dict[str, Quantity] = Field(
+        default_factory=lambda: dict(DEFAULT_LOAD_LIMITS), description="Resource limits.",
+        json_schema_extra={"default": DEFAULT_LOAD_LIMITS, "maxProperties": 16, **_RESOURCE_MAP_CEL})
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not re.fullmatch(RESOURCE_NAME_PATTERN, name):
+                raise ValueError(f"{name!r} is not a resource name (like cpu, memory or nvidia.com/gpu)")
+        return v
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> "LoadResources":
+        for name in sorted(self.requests.keys() & self.limits.keys()):
+            if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
+                raise ValueError(f"load.resources: requests.{name} ({self.requests[name]}) is above "
+                                 f"limits.{name} ({self.limits[name]})")
+        return self
+
+    def as_container(self) -> dict[str, dict[str, str]]:
+        return {k: dict(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v}
+
+
 class LoadSpec(ApiModel):
     """How canary and control are driven.
 
@@ -562,6 +634,9 @@ class LoadSpec(ApiModel):
         default=None, description="live: share of the Service's traffic the canary and the control each take.")
     loadgen_image: Optional[str] = Field(default=None, min_length=1, max_length=MAX_IMAGE,
                                          description="Image of the load generator; default: the operator's own.")
+    resources: LoadResources = Field(
+        default_factory=LoadResources, description="Resources of the load generator Pods.",
+        json_schema_extra={"default": {}})
 
     @field_validator("batch_sizes", mode="before")
     @classmethod

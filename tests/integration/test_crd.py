@@ -169,6 +169,8 @@ VALID = {
     "all-namespaces": {"targets.namespaceSelector": {}, "targets.namespaces": ["a", "b"]},
     "analysis-only-one-wave": {"promotion.mode": "analysisOnly", "promotion.waves": ["100%"]},
     "reference-engine-jacobi": {"engine": "reference", "lookahead.window": 15, "lookahead.guessSet": 15},
+    "small-load-resources": {"load.resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
+                                                "limits": {"memory": 268435456, "cpu": 1}}},
 }
 
 
@@ -229,6 +231,15 @@ INVALID = {
     "deadline-too-short-for-sweep": ({"load.batchSizes": [1, 2, 4, 8], "analysis.deadline": "6m"},
                                      "spec.analysis.deadline"),
     "latency-improvement-100pct": ({"analysis.minLatencyImprovement": "100%"}, "spec.analysis.minLatencyImprovement"),
+    # the load generator's resources, as Kubernetes would refuse them on the Job
+    "load-resources-bad-quantity": ({"load.resources": {"requests": {"cpu": "lots"}}},
+                                    "spec.load.resources.requests.cpu"),
+    "load-resources-not-a-quantity": ({"load.resources": {"requests": {"cpu": "1.2.3"}}},
+                                      "spec.load.resources.requests"),
+    "load-resources-negative": ({"load.resources": {"limits": {"memory": "-1Gi"}}}, "spec.load.resources.limits"),
+    "load-resources-bad-name": ({"load.resources": {"requests": {"bad name": "1"}}}, "spec.load.resources.requests"),
+    "load-request-above-limit": ({"load.resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}}},
+                                 "spec.load.resources.requests"),
     # label selectors validated as Kubernetes validates them
     "selector-bad-label-value": ({"targets.selector": {"matchLabels": {"app": "llm chat!"}}},
                                  "spec.targets.selector.matchLabels.app"),
