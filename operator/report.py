@@ -133,11 +133,11 @@ def _plot(rows: list[dict], kind: str, path: Path, title_suffix: str) -> bytes:
     ax.set_xlabel("batch size (concurrent requests)")
     if kind == "latency":
         ax.set_ylabel("per-token latency (ms / token)")
-        ax.set_title(f"Per-token latency vs batch size{title_suffix}\n(lower is better; error bars: 95% CI of the mean)",
+        ax.set_title(f"Per-token latency vs batch size{title_suffix}\n(lower is better; bars: 95% CI of each role's mean;\nverdicts: the paired test, as in the table)",
                      fontsize=10)
     else:
         ax.set_ylabel("output throughput (tokens / s)")
-        ax.set_title(f"Throughput vs batch size{title_suffix}\n(higher is better; error bars: 95% CI of the mean)",
+        ax.set_title(f"Throughput vs batch size{title_suffix}\n(higher is better; bars: 95% CI of each role's mean;\nverdicts: the paired test, as in the table)",
                      fontsize=10)
     # room at the top for the verdict labels
     top = ax.get_ylim()[1]
