@@ -3,7 +3,7 @@ PY ?= python3
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
 .PHONY: deps deps-python deps-system control-plane engines-venv node images prometheus test test-unit demo crds cluster-up cluster-down \
-        bench-engine bench-decision bench-operator lint-chart
+        bench-engine bench-decision bench-operator lint-chart soak
 
 deps: deps-system deps-python control-plane engines-venv node images prometheus
 
@@ -42,6 +42,11 @@ test-unit: deps-python
 
 demo: deps-python
 	kubectl-lookahead analyze
+
+# the fault soak (issue 12): ten policies for 15 minutes under seeded operator, Prometheus and
+# engine Pod kills, on the real node (about 25 minutes; not part of `make test`)
+soak: deps
+	$(PY) -m pytest -q -ra tests/e2e/soak.py
 
 cluster-up: deps
 	$(PY) -m lookahead_dev.devcluster up

@@ -30,9 +30,11 @@ from __future__ import annotations
 import argparse
 import atexit
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -618,10 +620,13 @@ class DevPrometheus:
     def url(self) -> str:
         return f"http://{self.advertise_host}:{self.port}"
 
-    def start(self) -> "DevPrometheus":
+    def start(self, *, same_port: bool = False) -> "DevPrometheus":
+        """``same_port``: come back where a ``kill``ed one listened, on its data, so that the URLs
+        handed out (policies name it) stay valid; its file-SD targets are kept."""
         binary = self.binary or prometheus_binary()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._write_targets([])
+        if not same_port:
+            self._write_targets([])
         i = self.scrape_interval
         config = {
             "global": {"scrape_interval": i, "scrape_timeout": i, "evaluation_interval": i},
@@ -632,7 +637,8 @@ class DevPrometheus:
             ],
         }
         self.config_file.write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
-        self.port = free_port()
+        if not (same_port and self.port):
+            self.port = free_port()
         self._proc = _Proc("prometheus", [
             str(binary),
             f"--config.file={self.config_file}",
@@ -716,6 +722,16 @@ class DevPrometheus:
 
         return wait_for(up, timeout, f"prometheus to scrape {address}", interval=0.25,
                         alive=self._proc.dead if self._proc else None)
+
+    def kill(self) -> None:
+        """SIGKILL, as when its node dies: no clean shutdown (the next ``start(same_port=True)``
+        replays the TSDB's write-ahead log). The state directory is kept."""
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.popen.wait(10)
+            self._proc = None
+        self.pid = None
 
     def stop(self) -> None:
         if self._proc is not None:

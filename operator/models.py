@@ -544,7 +544,7 @@ Quantity = Annotated[
 RESOURCE_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9./_]{0,251}[a-zA-Z0-9])?$"
 _RESOURCE_MAP_CEL = {"x-kubernetes-validations": [
     _cel(f"self.all(k, k.matches('{RESOURCE_NAME_PATTERN}'))", "resource names are like cpu, memory or nvidia.com/gpu"),
-    _cel("self.all(k, isQuantity(string(self[k])) && quantity(string(self[k])).sign() >= 0)",
+    _cel("self.all(k, isQuantity(string(self[k])) && !quantity(string(self[k])).isLessThan(quantity('0')))",
          "quantities are like 250m, 256Mi or 1, and not negative"),
 ]}
 

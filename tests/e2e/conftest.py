@@ -235,7 +235,8 @@ def reliability(request):
     rec.row.passed = bool(report is not None and report.passed)
     rows = rel.load()
     rows[rec.row.test] = rec.row
-    rel.save(rows, existing_tests={str(p.relative_to(rel.REPO)) for p in (rel.REPO / "tests" / "e2e").glob("test_*.py")})
+    e2e = rel.REPO / "tests" / "e2e"
+    rel.save(rows, existing_tests={str(p.relative_to(rel.REPO)) for p in [*e2e.glob("test_*.py"), e2e / "soak.py"]})
 
 
 @pytest.hookimpl(hookwrapper=True)
