@@ -387,3 +387,23 @@ def test_each_replica_gets_its_own_nonzero_peering_priority():
     prios = [handlers.peering_priority(n) for n in names]
     assert len(set(prios)) == len(prios) and min(prios) > 0
     assert prios == [handlers.peering_priority(n) for n in names], "stable across restarts of the same Pod"
+
+
+def test_a_newer_crd_field_is_logged_once_per_policy_and_what_is_remembered_is_bounded(caplog):
+    """``handlers.parse_spec`` logs each policy's ignored fields once, and remembers at most
+    ``_IGNORED_FIELDS_MAX`` policies: an operator that runs for months sees many come and go."""
+    spec = {"targets": {"selector": {"matchLabels": {"app": "x"}}}, "analysis": {"futureKnob": "on"}}
+    handlers._IGNORED_FIELDS_LOGGED.clear()
+    body = {"metadata": {"name": "p", "namespace": "n", "uid": "u-0"}, "spec": spec}
+    with caplog.at_level("WARNING", logger="lookahead_operator"):
+        assert handlers.parse_spec(body)[1] is None and handlers.parse_spec(body)[1] is None
+    assert [r.getMessage() for r in caplog.records] == \
+        ["n/p: ignoring spec.analysis.futureKnob, unknown to this operator version (a newer CRD?)"]
+    for i in range(handlers._IGNORED_FIELDS_MAX + 10):
+        handlers.parse_spec({"metadata": {"name": "p", "namespace": "n", "uid": f"u-{i + 1}"}, "spec": spec})
+    assert len(handlers._IGNORED_FIELDS_LOGGED) == handlers._IGNORED_FIELDS_MAX
+    assert ("u-0", ("spec.analysis.futureKnob",)) not in handlers._IGNORED_FIELDS_LOGGED, "the oldest went first"
+    body["spec"] = {**spec, "analysis": {"confidence": 7}}
+    parsed, error = handlers.parse_spec(body)
+    assert parsed is None and error.startswith("spec.analysis.confidence"), "a bad value is still refused"
+    handlers._IGNORED_FIELDS_LOGGED.clear()

@@ -467,22 +467,6 @@ def test_a_new_default_from_a_crd_or_operator_upgrade_restarts_nothing():
     assert edited.status.phase == Phase.Pending and any(e[1] == "SpecChanged" for e in edited.events)
 
 
-def test_an_unknown_spec_field_from_a_newer_crd_is_ignored_and_a_bad_value_still_refused():
-    """A field the apiserver kept but this operator version does not know (its CRD is newer: the
-    apiserver prunes fields no CRD declares) is ignored, not a Failed rollout; a bad value of a
-    known field is still refused, naming it."""
-    from lookahead_operator.handlers import parse_spec
-
-    body = {"metadata": {"name": "p", "namespace": "n", "uid": "u"},
-            "spec": {"targets": {"selector": {"matchLabels": {"app": "x"}}}, "analysis": {"futureKnob": "on"}}}
-    spec, error = parse_spec(body)
-    assert error is None and spec is not None and spec.analysis.confidence == 0.99
-    assert spec.fingerprint() == parse_spec({**body, "spec": {"targets": body["spec"]["targets"]}})[0].fingerprint()
-    body["spec"]["analysis"]["confidence"] = 7
-    spec, error = parse_spec(body)
-    assert spec is None and error.startswith("spec.analysis.confidence")
-
-
 def test_reconcile_is_idempotent_when_nothing_changes():
     w = promoting(world())
     a, b = sm.reconcile(w), sm.reconcile(w)
