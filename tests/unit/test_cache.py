@@ -380,6 +380,24 @@ def test_errors_are_api_exceptions_and_expected_ones_are_answers():
                                                          "lookaheadpolicies/bench/status")
 
 
+def test_current_load_jobs_are_those_of_the_run_and_feed_running_and_gone():
+    """``observe.current_load_jobs``: the Jobs of the policy's current load run (run None is run 0),
+    whatever their state; ``running_load`` then leaves out those being deleted, ``gone_load_targets``
+    reads them all."""
+    deleting = cache.slim_job(job(drives="canary", ready=1))
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T08:00:05Z"
+    unlabelled = {"metadata": {"name": "x", "namespace": "team-a"}}
+    jobs = [cache.slim_job(job(drives="control", ready=1)), deleting, cache.slim_job(job(run="2", ready=1)),
+            cache.slim_job(job(run="0", drives="canary")), unlabelled]
+    assert [j["metadata"]["labels"][api.LABEL_DRIVES] for j in observe.current_load_jobs(jobs, 3)] == \
+        ["control", "canary"]
+    assert [j["metadata"]["labels"][api.LABEL_DRIVES] for j in observe.current_load_jobs(jobs, None)] == ["canary"]
+    assert observe.current_load_jobs(jobs, 4) == []
+    assert observe.running_load(jobs, 3) == {"control"}, "a Job being deleted runs no load"
+    assert observe.gone_load_targets(jobs, 3, {"canary": [], "control": [{"metadata": {"name": "llm-abc"}}]}) \
+        == {"canary"}
+
+
 def test_each_replica_gets_its_own_nonzero_peering_priority():
     """Kopf pauses every operator that sees a peer of its own priority: the chart's replicas (one
     ReplicaSet, pod names differing in their suffix) must never share one, nor take Kopf's 0."""
