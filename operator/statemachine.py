@@ -30,6 +30,7 @@ Rules that hold in every phase:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -191,6 +192,21 @@ class Plan:
     requeue_after: float | None = 5.0  # seconds; None: only when the policy or its objects change
 
 
+def transition_message(old: Phase, new: Phase, message: str) -> str:
+    """A phase change's Event message: ``Pending -> Preflight: <why>`` (``kubectl describe``
+    shows Events without the status they moved)."""
+    return f"{old} -> {new}: {message}"
+
+
+_TRANSITION = re.compile(rf"^(?:{'|'.join(Phase)}) -> (?:{'|'.join(Phase)}): ")
+
+
+def without_transition(message: str) -> str:
+    """An Event message without the phase change ``transition_message`` put before it (the
+    operator's log states that change on a line of its own)."""
+    return _TRANSITION.sub("", message, count=1)
+
+
 # --- one pass -----------------------------------------------------------------------------------
 
 class _Pass:
@@ -226,7 +242,7 @@ class _Pass:
     def go(self, phase: Phase, reason: str, message: str, warning: bool = False) -> None:
         if phase == self.phase:
             return
-        self.events.append(("Warning" if warning else "Normal", reason, f"{self.phase} -> {phase}: {message}"))
+        self.events.append(("Warning" if warning else "Normal", reason, transition_message(self.phase, phase, message)))
         self.s.phase = phase
         self.s.message = message
         self.p.phase_since = self.w.now

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import datetime, timezone
 
 import pytest
 
-from lookahead_operator import api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
+from lookahead_operator import actions, api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
 from lookahead_operator.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
 
 POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
@@ -425,3 +426,22 @@ def test_a_newer_crd_field_is_logged_once_per_policy_and_what_is_remembered_is_b
     parsed, error = handlers.parse_spec(body)
     assert parsed is None and error.startswith("spec.analysis.confidence"), "a bad value is still refused"
     handlers._IGNORED_FIELDS_LOGGED.clear()
+
+
+def test_an_event_is_posted_as_planned_and_logged_without_the_phase_change(caplog):
+    """``actions.post_event``: the Event carries the message as the state machine wrote it; its log
+    line leaves out the ``A -> B: `` the handler's phase line already says."""
+    posted = []
+
+    class Api:
+        def event(self, ref, type_, reason, message):
+            posted.append((ref["metadata"]["name"], type_, reason, message))
+
+    with caplog.at_level("INFO", logger="lookahead_operator"):
+        actions.post_event(Api(), POLICY, "Normal", "TargetsClaimed", "Pending -> Preflight: claimed 2 Deployment(s)")
+        for _ in range(200):
+            if posted:
+                break
+            time.sleep(0.01)
+    assert posted == [("bench", "Normal", "TargetsClaimed", "Pending -> Preflight: claimed 2 Deployment(s)")]
+    assert [r.getMessage() for r in caplog.records] == ["team-a/bench: TargetsClaimed: claimed 2 Deployment(s)"]

@@ -467,6 +467,21 @@ def test_a_new_default_from_a_crd_or_operator_upgrade_restarts_nothing():
     assert edited.status.phase == Phase.Pending and any(e[1] == "SpecChanged" for e in edited.events)
 
 
+def test_a_phase_change_event_states_the_change_and_its_log_line_leaves_it_to_the_phase_line():
+    """The Event of a phase change says ``Pending -> Preflight: <why>`` (``kubectl describe`` has
+    no other line for it); the operator's log says the change on its own line, so the event's log
+    line drops it (``without_transition``), and only it: other messages are logged as posted."""
+    plan = sm.reconcile(world())
+    (type_, reason, message), = [e for e in plan.events if e[1] == "TargetsClaimed"]
+    assert message == sm.transition_message(Phase.Pending, Phase.Preflight, "claimed 2 Deployment(s); checking "
+                                                                            "the workload")
+    assert message.startswith("Pending -> Preflight: ")
+    assert sm.without_transition(message) == "claimed 2 Deployment(s); checking the workload"
+    for other in ("lookahead on in serving/a", "batch size 8: the canary pod is gone -> restarted",
+                  "Measuring -> Exploded: not a phase", "x Pending -> Preflight: not at the start"):
+        assert sm.without_transition(other) == other
+
+
 def test_reconcile_is_idempotent_when_nothing_changes():
     w = promoting(world())
     a, b = sm.reconcile(w), sm.reconcile(w)
