@@ -211,16 +211,15 @@ def diff_paths(a: Any, b: Any, limit: int = 4, path: str = "") -> list[str]:
 
 @functools.lru_cache(maxsize=512)
 def _parse_spec(spec_json: str) -> LookaheadPolicySpec | None:
-    from lookahead_operator.handlers import parse_spec as operator_parse_spec
-
     try:
-        return operator_parse_spec({"metadata": {"name": "invariants"}, "spec": json.loads(spec_json)})[0]
+        return LookaheadPolicySpec.parse_stored(json.loads(spec_json))[0]
     except Exception:  # noqa: BLE001 - an invalid spec promotes nothing; callers say so
         return None
 
 
 def parse_spec(policy_or_spec: Mapping | None) -> LookaheadPolicySpec | None:
-    """The policy's spec as the operator parses it (``handlers.parse_spec``), or None if invalid."""
+    """The policy's spec as the operator parses it (``LookaheadPolicySpec.parse_stored``, which
+    ``handlers.parse_spec`` calls), or None if invalid."""
     if policy_or_spec is None:
         return None
     spec = policy_or_spec.get("spec", policy_or_spec) if "metadata" in policy_or_spec else policy_or_spec

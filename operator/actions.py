@@ -261,9 +261,10 @@ def post_event(k: Kube, body: dict, type_: str, reason: str, message: str) -> No
             _poster = threading.Thread(target=_post_events, name=f"events-{i}", daemon=True)
             _poster.start()
     meta = body["metadata"]
-    # every event is also a log line: `kubectl logs` of the operator tells the rollout
+    # every event is also a log line: `kubectl logs` of the operator tells the rollout (a phase
+    # change is on the line before, handlers' "phase A -> B": not said twice)
     (log.warning if type_ == "Warning" else log.info)("%s/%s: %s: %s", meta.get("namespace"), meta["name"],
-                                                          reason, message)
+                                                          reason, sm.without_transition(message))
     ref = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")}}
     try:

@@ -13,12 +13,12 @@ finished policy costs no periodic API request), and the finalizer (``statemachin
 from __future__ import annotations
 
 import asyncio
-import copy
 import hashlib
 import logging
 import os
+import threading
+from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import Any
 
 import kopf
 import kubernetes
@@ -37,6 +37,7 @@ from .models import (
     LookaheadPolicySpec,
     LookaheadPolicyStatus,
     Phase,
+    spec_error,
 )
 
 log = logging.getLogger("lookahead_operator")
@@ -304,47 +305,39 @@ async def _pass(namespace: str, name: str, body, indexes: tuple) -> tuple[float 
 # --- one reconcile --------------------------------------------------------------------------------
 
 def parse_spec(body: dict) -> tuple[LookaheadPolicySpec | None, str | None]:
-    """The spec, parsed once, or why it cannot be acted on (naming the field)."""
-    if len(body["metadata"]["name"]) > MAX_POLICY_NAME:
+    """The spec, parsed once (``LookaheadPolicySpec.parse_stored``: fields of a newer CRD are
+    ignored, and logged once), or why it cannot be acted on (naming the field)."""
+    meta = body["metadata"]
+    if len(meta["name"]) > MAX_POLICY_NAME:
         return None, NAME_TOO_LONG
-    raw = dict(body.get("spec") or {})
     try:
-        return LookaheadPolicySpec.model_validate(raw), None
+        spec, ignored = LookaheadPolicySpec.parse_stored(body.get("spec"))
     except ValidationError as exc:
-        errors = exc.errors()
-    unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
-    if unknown and len(unknown) == len(errors):
-        # The apiserver prunes fields its CRD does not declare, so a field this model does not know
-        # comes from a newer CRD (an upgrade under way): ignore it rather than fail the rollout.
-        try:
-            spec = LookaheadPolicySpec.model_validate(_without(raw, unknown))
-        except ValidationError as exc:
-            errors = exc.errors()
-        else:
-            fields = ", ".join("spec." + ".".join(str(p) for p in loc) for loc in unknown)
-            key = (body["metadata"].get("uid"), fields)
-            if key not in _IGNORED_FIELDS_LOGGED:
-                _IGNORED_FIELDS_LOGGED.add(key)
-                log.warning("%s/%s: ignoring %s, unknown to this operator version (a newer CRD?)",
-                            body["metadata"].get("namespace"), body["metadata"].get("name"), fields)
-            return spec, None
-    first = errors[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return None, f"spec{'.' + where if where else ''}: {first['msg']}"
+        return None, spec_error(exc)
+    if ignored and _first_sighting((meta.get("uid"), tuple(ignored))):
+        log.warning("%s/%s: ignoring %s, unknown to this operator version (a newer CRD?)",
+                    meta.get("namespace"), meta.get("name"), ", ".join(ignored))
+    return spec, None
 
 
-_IGNORED_FIELDS_LOGGED: set[tuple] = set()
+#: (policy uid, ignored fields) already logged, least recently seen first: bounded (an operator
+#: that runs for months sees policies come and go), so one long unseen may be logged once more
+_IGNORED_FIELDS_LOGGED: "OrderedDict[tuple, None]" = OrderedDict()
+_IGNORED_FIELDS_MAX = 1024
+_IGNORED_FIELDS_LOCK = threading.Lock()   # passes parse in the event loop, the finalizer in Kopf's executor
 
 
-def _without(data: Any, paths: list[tuple]) -> Any:
-    """A copy of ``data`` without the keys at ``paths`` (pydantic error locations)."""
-    out = copy.deepcopy(data)
-    for path in paths:
-        node = out
-        for part in path[:-1]:
-            node = node[part]
-        node.pop(path[-1], None)
-    return out
+def _first_sighting(key: tuple) -> bool:
+    """Whether ``key`` is new to ``_IGNORED_FIELDS_LOGGED``, which then remembers it as the most
+    recent of at most ``_IGNORED_FIELDS_MAX`` keys."""
+    with _IGNORED_FIELDS_LOCK:
+        if key in _IGNORED_FIELDS_LOGGED:
+            _IGNORED_FIELDS_LOGGED.move_to_end(key)
+            return False
+        _IGNORED_FIELDS_LOGGED[key] = None
+        if len(_IGNORED_FIELDS_LOGGED) > _IGNORED_FIELDS_MAX:
+            _IGNORED_FIELDS_LOGGED.popitem(last=False)
+        return True
 
 
 def parse_status(body: dict) -> LookaheadPolicyStatus:

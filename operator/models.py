@@ -31,6 +31,7 @@ measurement. What the operator saw of the gates is mirrored in ``status.gates``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -44,6 +45,7 @@ from pydantic import (
     ConfigDict,
     PlainSerializer,
     Field,
+    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -865,6 +867,41 @@ class LookaheadPolicySpec(ApiModel):
         data = self.to_dict(exclude_none=True)
         data.pop("paused", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    @classmethod
+    def parse_stored(cls, raw: Any) -> tuple["LookaheadPolicySpec", list[str]]:
+        """The spec as the apiserver stores it, and the dotted names (``spec.analysis.futureKnob``)
+        of the fields it ignored. The apiserver prunes fields its CRD does not declare, so a field
+        this model does not know comes from a newer CRD (an upgrade under way): it is ignored
+        rather than failing the rollout. Anything else invalid raises ``ValidationError`` (of the
+        spec without the unknown fields, when those were all that was wrong)."""
+        data = dict(raw or {})
+        try:
+            return cls.model_validate(data), []
+        except ValidationError as exc:
+            unknown = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
+            if not unknown or len(unknown) != len(exc.errors()):
+                raise
+        spec = cls.model_validate(_without(data, unknown))
+        return spec, ["spec." + ".".join(str(p) for p in loc) for loc in unknown]
+
+
+def _without(data: Any, paths: list[tuple]) -> Any:
+    """A copy of ``data`` without the keys at ``paths`` (pydantic error locations)."""
+    out = copy.deepcopy(data)
+    for path in paths:
+        node = out
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1], None)
+    return out
+
+
+def spec_error(exc: ValidationError) -> str:
+    """Why a spec cannot be acted on, naming its first invalid field (``spec.analysis.confidence: ...``)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"spec{'.' + where if where else ''}: {first['msg']}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -76,16 +76,17 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     return world
 
 
+def current_load_jobs(jobs: list[dict], run: int | None) -> list[dict]:
+    """The load Jobs of run ``run`` (label ``run``; None is run 0): those of earlier runs are being
+    replaced, and drive nothing the state machine waits on."""
+    return [j for j in jobs if (j["metadata"].get("labels") or {}).get(b.LABEL_RUN) == str(run or 0)]
+
+
 def running_load(jobs: list[dict], run: int | None) -> set[str]:
-    """The roles (``drives`` label) whose load Job of run ``run`` has a ready pod (Job
-    ``status.ready``; a load generator has no readiness probe, so ready = running)."""
-    out = set()
-    for j in jobs:
-        labels = j["metadata"].get("labels") or {}
-        if (labels.get(b.LABEL_RUN) == str(run or 0) and not j["metadata"].get("deletionTimestamp")
-                and ((j.get("status") or {}).get("ready") or 0) > 0):
-            out.add(labels.get(b.LABEL_DRIVES))
-    return out
+    """The roles (``drives`` label) whose load Job of run ``run``, not being deleted, has a ready
+    pod (Job ``status.ready``; a load generator has no readiness probe, so ready = running)."""
+    return {j["metadata"]["labels"].get(b.LABEL_DRIVES) for j in current_load_jobs(jobs, run)
+            if not j["metadata"].get("deletionTimestamp") and ((j.get("status") or {}).get("ready") or 0) > 0}
 
 
 def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str, list[dict]]) -> set[str]:
@@ -93,10 +94,10 @@ def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str,
     gone (deleted, evicted, replaced by its Deployment): that load reaches nothing any more, and
     the role's new pod is not driven."""
     out = set()
-    for j in jobs:
-        labels = j["metadata"].get("labels") or {}
+    for j in current_load_jobs(jobs, run):
+        labels = j["metadata"]["labels"]
         role, pod = labels.get(b.LABEL_DRIVES), labels.get(b.LABEL_POD)
-        if labels.get(b.LABEL_RUN) != str(run or 0) or role not in pods_by_role or not pod:
+        if role not in pods_by_role or not pod:
             continue
         live = {p["metadata"]["name"] for p in pods_by_role[role] if not p["metadata"].get("deletionTimestamp")}
         if pod not in live:

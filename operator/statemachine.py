@@ -30,6 +30,7 @@ Rules that hold in every phase:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -191,6 +192,21 @@ class Plan:
     requeue_after: float | None = 5.0  # seconds; None: only when the policy or its objects change
 
 
+def transition_message(old: Phase, new: Phase, message: str) -> str:
+    """A phase change's Event message: ``Pending -> Preflight: <why>`` (``kubectl describe``
+    shows Events without the status they moved)."""
+    return f"{old} -> {new}: {message}"
+
+
+_TRANSITION = re.compile(rf"^(?:{'|'.join(Phase)}) -> (?:{'|'.join(Phase)}): ")
+
+
+def without_transition(message: str) -> str:
+    """An Event message without the phase change ``transition_message`` put before it (the
+    operator's log states that change on a line of its own)."""
+    return _TRANSITION.sub("", message, count=1)
+
+
 # --- one pass -----------------------------------------------------------------------------------
 
 class _Pass:
@@ -226,7 +242,7 @@ class _Pass:
     def go(self, phase: Phase, reason: str, message: str, warning: bool = False) -> None:
         if phase == self.phase:
             return
-        self.events.append(("Warning" if warning else "Normal", reason, f"{self.phase} -> {phase}: {message}"))
+        self.events.append(("Warning" if warning else "Normal", reason, transition_message(self.phase, phase, message)))
         self.s.phase = phase
         self.s.message = message
         self.p.phase_since = self.w.now
@@ -389,15 +405,25 @@ def _paused(b: _Pass) -> bool:
 
 # --- targets their users edited ------------------------------------------------------------------
 
+def recorded_user_edits(status: LookaheadPolicyStatus) -> frozenset[tuple[str, str]]:
+    """The targets whose ``status.targets`` row says ``userEdited``: left to their users earlier."""
+    return frozenset((r.namespace, r.name) for r in status.targets or [] if r.user_edited)
+
+
+def edited_now(targets: list[Target], me: str) -> list[tuple[str, str]]:
+    """The targets owned by policy ``me`` whose pod template their user edited since our last
+    write (``Target.user_edited``), in the order given."""
+    return [t.key for t in targets if t.owner == me and t.user_edited]
+
+
 def left_to_user(world: Observed) -> frozenset[tuple[str, str]]:
     """The targets left to their users in this rollout: recorded in ``status.targets`` as
-    ``userEdited``, or seen now owned by this policy with a pod template its user edited. None in
-    Pending: nothing was rolled out yet, and the claim saves the template as it is then (an edit
-    before the claim is simply part of the original)."""
+    ``userEdited`` (``recorded_user_edits``), or seen now owned by this policy with a pod template
+    its user edited (``edited_now``). None in Pending: nothing was rolled out yet, and the claim
+    saves the template as it is then (an edit before the claim is simply part of the original)."""
     if world.status.phase == Phase.Pending:
         return frozenset()
-    recorded = {(r.namespace, r.name) for r in world.status.targets or [] if r.user_edited}
-    return frozenset(recorded | {t.key for t in world.targets if t.owner == world.key and t.user_edited})
+    return recorded_user_edits(world.status) | frozenset(edited_now(world.targets, world.key))
 
 
 def in_play(world: Observed) -> list[Target]:
@@ -424,8 +450,8 @@ def _note_user_edits(b: _Pass) -> None:
         return
     b.noted = True
     w, p = b.w, b.p
-    recorded = {(r.namespace, r.name) for r in w.status.targets or [] if r.user_edited}
-    ours = [t.key for t in w.targets if t.owner == w.key and t.user_edited]
+    recorded = recorded_user_edits(w.status)
+    ours = edited_now(w.targets, w.key)
     if ours:
         b.act(ActionKind.LEAVE, targets=ours)
     engines = {t.key: t.engine for t in w.targets}
@@ -934,9 +960,9 @@ def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str)
     goes (the saved template stays, to put back by hand); never-promoted targets are released.
     A target whose pod template its user edited (now, or recorded in ``status.targets``) is never
     restored: all our marks go and its template stays the user's."""
-    recorded = {(r.namespace, r.name) for r in status.targets or [] if r.user_edited}
+    left = recorded_user_edits(status) | frozenset(edited_now(targets, me))
     ours = [t for t in targets if t.owner == me]
-    edited = [t.key for t in ours if t.user_edited or t.key in recorded]
+    edited = [t.key for t in ours if t.key in left]
     ours = [t for t in ours if t.key not in edited]
     promoted = [t.key for t in ours if t.promoted]
     plan = [Action(ActionKind.DELETE_LOAD), Action(ActionKind.DELETE_ROLES)]

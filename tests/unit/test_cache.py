@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import datetime, timezone
 
 import pytest
 
-from lookahead_operator import api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
+from lookahead_operator import actions, api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
 from lookahead_operator.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
 
 POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
@@ -380,6 +381,24 @@ def test_errors_are_api_exceptions_and_expected_ones_are_answers():
                                                          "lookaheadpolicies/bench/status")
 
 
+def test_current_load_jobs_are_those_of_the_run_and_feed_running_and_gone():
+    """``observe.current_load_jobs``: the Jobs of the policy's current load run (run None is run 0),
+    whatever their state; ``running_load`` then leaves out those being deleted, ``gone_load_targets``
+    reads them all."""
+    deleting = cache.slim_job(job(drives="canary", ready=1))
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T08:00:05Z"
+    unlabelled = {"metadata": {"name": "x", "namespace": "team-a"}}
+    jobs = [cache.slim_job(job(drives="control", ready=1)), deleting, cache.slim_job(job(run="2", ready=1)),
+            cache.slim_job(job(run="0", drives="canary")), unlabelled]
+    assert [j["metadata"]["labels"][api.LABEL_DRIVES] for j in observe.current_load_jobs(jobs, 3)] == \
+        ["control", "canary"]
+    assert [j["metadata"]["labels"][api.LABEL_DRIVES] for j in observe.current_load_jobs(jobs, None)] == ["canary"]
+    assert observe.current_load_jobs(jobs, 4) == []
+    assert observe.running_load(jobs, 3) == {"control"}, "a Job being deleted runs no load"
+    assert observe.gone_load_targets(jobs, 3, {"canary": [], "control": [{"metadata": {"name": "llm-abc"}}]}) \
+        == {"canary"}
+
+
 def test_each_replica_gets_its_own_nonzero_peering_priority():
     """Kopf pauses every operator that sees a peer of its own priority: the chart's replicas (one
     ReplicaSet, pod names differing in their suffix) must never share one, nor take Kopf's 0."""
@@ -387,3 +406,42 @@ def test_each_replica_gets_its_own_nonzero_peering_priority():
     prios = [handlers.peering_priority(n) for n in names]
     assert len(set(prios)) == len(prios) and min(prios) > 0
     assert prios == [handlers.peering_priority(n) for n in names], "stable across restarts of the same Pod"
+
+
+def test_a_newer_crd_field_is_logged_once_per_policy_and_what_is_remembered_is_bounded(caplog):
+    """``handlers.parse_spec`` logs each policy's ignored fields once, and remembers at most
+    ``_IGNORED_FIELDS_MAX`` policies: an operator that runs for months sees many come and go."""
+    spec = {"targets": {"selector": {"matchLabels": {"app": "x"}}}, "analysis": {"futureKnob": "on"}}
+    handlers._IGNORED_FIELDS_LOGGED.clear()
+    body = {"metadata": {"name": "p", "namespace": "n", "uid": "u-0"}, "spec": spec}
+    with caplog.at_level("WARNING", logger="lookahead_operator"):
+        assert handlers.parse_spec(body)[1] is None and handlers.parse_spec(body)[1] is None
+    assert [r.getMessage() for r in caplog.records] == \
+        ["n/p: ignoring spec.analysis.futureKnob, unknown to this operator version (a newer CRD?)"]
+    for i in range(handlers._IGNORED_FIELDS_MAX + 10):
+        handlers.parse_spec({"metadata": {"name": "p", "namespace": "n", "uid": f"u-{i + 1}"}, "spec": spec})
+    assert len(handlers._IGNORED_FIELDS_LOGGED) == handlers._IGNORED_FIELDS_MAX
+    assert ("u-0", ("spec.analysis.futureKnob",)) not in handlers._IGNORED_FIELDS_LOGGED, "the oldest went first"
+    body["spec"] = {**spec, "analysis": {"confidence": 7}}
+    parsed, error = handlers.parse_spec(body)
+    assert parsed is None and error.startswith("spec.analysis.confidence"), "a bad value is still refused"
+    handlers._IGNORED_FIELDS_LOGGED.clear()
+
+
+def test_an_event_is_posted_as_planned_and_logged_without_the_phase_change(caplog):
+    """``actions.post_event``: the Event carries the message as the state machine wrote it; its log
+    line leaves out the ``A -> B: `` the handler's phase line already says."""
+    posted = []
+
+    class Api:
+        def event(self, ref, type_, reason, message):
+            posted.append((ref["metadata"]["name"], type_, reason, message))
+
+    with caplog.at_level("INFO", logger="lookahead_operator"):
+        actions.post_event(Api(), POLICY, "Normal", "TargetsClaimed", "Pending -> Preflight: claimed 2 Deployment(s)")
+        for _ in range(200):
+            if posted:
+                break
+            time.sleep(0.01)
+    assert posted == [("bench", "Normal", "TargetsClaimed", "Pending -> Preflight: claimed 2 Deployment(s)")]
+    assert [r.getMessage() for r in caplog.records] == ["team-a/bench: TargetsClaimed: claimed 2 Deployment(s)"]

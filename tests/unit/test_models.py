@@ -21,6 +21,7 @@ from lookahead_operator.models import (
     LookaheadPolicySpec,
     LookaheadPolicyStatus,
     Phase,
+    spec_error,
 )
 from lookahead_canary.units import format_duration, parse_duration, parse_fraction, parse_percent
 
@@ -250,6 +251,22 @@ def test_invalid_spec_names_the_field(case):
     with pytest.raises(ValidationError) as err:
         LookaheadPolicySpec.model_validate(body)
     assert field in str(err.value), f"{case}: {field!r} not in {err.value}"
+
+
+def test_an_unknown_spec_field_from_a_newer_crd_is_ignored_and_a_bad_value_still_refused():
+    """A field the apiserver kept but this operator version does not know (its CRD is newer: the
+    apiserver prunes fields no CRD declares) is ignored, not a Failed rollout; a bad value of a
+    known field is still refused, naming it."""
+    raw = {"targets": {"selector": {"matchLabels": {"app": "x"}}}, "analysis": {"futureKnob": "on"}}
+    spec, ignored = LookaheadPolicySpec.parse_stored(raw)
+    assert ignored == ["spec.analysis.futureKnob"] and spec.analysis.confidence == 0.99
+    assert raw["analysis"] == {"futureKnob": "on"}, "the stored spec is not changed"
+    assert spec.fingerprint() == LookaheadPolicySpec.parse_stored({"targets": raw["targets"]})[0].fingerprint()
+    assert LookaheadPolicySpec.parse_stored({"targets": raw["targets"]})[1] == []
+    raw["analysis"]["confidence"] = 7
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.parse_stored(raw)
+    assert spec_error(err.value).startswith("spec.analysis.confidence")
 
 
 # ------------------------------------------------------------------------------------------

@@ -467,20 +467,19 @@ def test_a_new_default_from_a_crd_or_operator_upgrade_restarts_nothing():
     assert edited.status.phase == Phase.Pending and any(e[1] == "SpecChanged" for e in edited.events)
 
 
-def test_an_unknown_spec_field_from_a_newer_crd_is_ignored_and_a_bad_value_still_refused():
-    """A field the apiserver kept but this operator version does not know (its CRD is newer: the
-    apiserver prunes fields no CRD declares) is ignored, not a Failed rollout; a bad value of a
-    known field is still refused, naming it."""
-    from lookahead_operator.handlers import parse_spec
-
-    body = {"metadata": {"name": "p", "namespace": "n", "uid": "u"},
-            "spec": {"targets": {"selector": {"matchLabels": {"app": "x"}}}, "analysis": {"futureKnob": "on"}}}
-    spec, error = parse_spec(body)
-    assert error is None and spec is not None and spec.analysis.confidence == 0.99
-    assert spec.fingerprint() == parse_spec({**body, "spec": {"targets": body["spec"]["targets"]}})[0].fingerprint()
-    body["spec"]["analysis"]["confidence"] = 7
-    spec, error = parse_spec(body)
-    assert spec is None and error.startswith("spec.analysis.confidence")
+def test_a_phase_change_event_states_the_change_and_its_log_line_leaves_it_to_the_phase_line():
+    """The Event of a phase change says ``Pending -> Preflight: <why>`` (``kubectl describe`` has
+    no other line for it); the operator's log says the change on its own line, so the event's log
+    line drops it (``without_transition``), and only it: other messages are logged as posted."""
+    plan = sm.reconcile(world())
+    (type_, reason, message), = [e for e in plan.events if e[1] == "TargetsClaimed"]
+    assert message == sm.transition_message(Phase.Pending, Phase.Preflight, "claimed 2 Deployment(s); checking "
+                                                                            "the workload")
+    assert message.startswith("Pending -> Preflight: ")
+    assert sm.without_transition(message) == "claimed 2 Deployment(s); checking the workload"
+    for other in ("lookahead on in serving/a", "batch size 8: the canary pod is gone -> restarted",
+                  "Measuring -> Exploded: not a phase", "x Pending -> Preflight: not at the start"):
+        assert sm.without_transition(other) == other
 
 
 def test_reconcile_is_idempotent_when_nothing_changes():

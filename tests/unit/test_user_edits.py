@@ -209,6 +209,20 @@ def tgt(name, promoted=None, edited=False, owner=ME, **kw):
                      user_edited=edited, **kw)
 
 
+def test_who_is_left_to_the_user_is_the_recorded_rows_and_our_targets_edited_now():
+    """``left_to_user`` (outside Pending) and ``deletion_plan`` both read the same two sets: the
+    rows recorded ``userEdited`` and the targets this policy owns that its users edited now."""
+    status = LookaheadPolicyStatus(phase=Phase.Measuring,
+                                   targets=[TargetStatus(namespace="serving", name="c", user_edited=True),
+                                            TargetStatus(namespace="serving", name="a")])
+    targets = [tgt("a"), tgt("b", edited=True), tgt("x", edited=True, owner="other/policy"), tgt("c")]
+    assert sm.recorded_user_edits(status) == {("serving", "c")}
+    assert sm.edited_now(targets, ME) == [("serving", "b")]
+    assert sm.left_to_user(world(status=status, targets=targets)) == {("serving", "b"), ("serving", "c")}
+    leave = [a.targets for a in sm.deletion_plan(status, targets, ME) if a.kind == K.LEAVE]
+    assert leave == [(("serving", "b"), ("serving", "c"))]
+
+
 def test_nothing_is_left_to_the_user_in_pending_the_claim_saves_what_runs():
     w = world(targets=[tgt("a", edited=True), tgt("b")])
     assert sm.left_to_user(w) == frozenset()
