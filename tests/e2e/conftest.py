@@ -96,6 +96,13 @@ class OperatorProcess:
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
+@pytest.fixture
+def apis(kube_api):
+    """(apps, core, custom objects, batch) clients on the session's apiserver."""
+    return (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api),
+            client.BatchV1Api(kube_api))
+
+
 @pytest.fixture(autouse=True)
 def fresh_namespaces(kube_api):
     """Each test's namespaces are deleted when it ends (while its operator still runs, so that

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator import builders as b
+from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (
@@ -27,7 +28,6 @@ from .test_lifecycle import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 
 
 def test_apiserver_restarted_mid_measurement_and_mid_wave(devcluster, kube_api, operator_process, prometheus,

@@ -18,9 +18,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from lookahead_operator import builders as b
+from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (
@@ -38,13 +38,7 @@ from .test_lifecycle import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 
-
-@pytest.fixture
-def apis(kube_api):
-    return (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api),
-            client.BatchV1Api(kube_api))
 
 
 def _canary_pod(core, ns) -> str:

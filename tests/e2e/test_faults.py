@@ -24,9 +24,9 @@ import threading
 from datetime import datetime
 
 import pytest
-from kubernetes import client
 
 from lookahead_operator import builders as b
+from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import free_port, wait_for
 
 from .test_lifecycle import (
@@ -44,7 +44,6 @@ from .test_lifecycle import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 
 
 class Outage:
@@ -111,11 +110,6 @@ class Outage:
                 except OSError:
                     pass
 
-
-@pytest.fixture
-def apis(kube_api):
-    return (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api),
-            client.BatchV1Api(kube_api))
 
 
 def conditions(st):

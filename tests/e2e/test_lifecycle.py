@@ -6,9 +6,7 @@ gives a known effect with real HTTP, real metrics and real scraping."""
 
 from __future__ import annotations
 
-import copy
 import json
-import time
 
 import pytest
 from kubernetes import client
@@ -81,11 +79,6 @@ def policy(name: str, ns: str, app: str, prometheus_url: str, batch_sizes: list[
         },
     }
 
-
-@pytest.fixture
-def apis(kube_api):
-    return (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api),
-            client.BatchV1Api(kube_api))
 
 
 def make_namespace(core, ns):

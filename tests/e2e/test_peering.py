@@ -14,13 +14,13 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator.handlers import peering_priority
+from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .conftest import OperatorPod
 from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, get_policy, policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 PAUSED, RESUMED = "Pausing operations in favour of", "Resuming operations after the pause"
 
 

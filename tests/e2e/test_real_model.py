@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from lookahead_canary.models import cache_root
-from lookahead_operator import builders as b
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import image_name
 

@@ -12,12 +12,12 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator import builders as b
+from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, no_leftovers, policy, sanitized
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 
 
 def test_killed_in_every_phase_still_completes(kube_api, operator_process, prometheus, reliability):

@@ -32,6 +32,7 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator import builders as b
+from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (
@@ -49,15 +50,9 @@ from .test_lifecycle import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-TERMINAL = {"Succeeded", "RolledBack", "Failed", "NotACandidate"}
 NS, POLICY = "e2e-user-edit", "chat"
 EDITED, SCALED = f"{NS}/chat-b", f"{NS}/chat-a"
 
-
-@pytest.fixture
-def apis(kube_api):
-    return (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api),
-            client.BatchV1Api(kube_api))
 
 
 def target_annotations() -> tuple[str, ...]:
