@@ -51,9 +51,17 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
     world.support_problems = _support_problems(k, spec, world, status.phase)
     jobs = k.load_jobs(meta["namespace"], meta["name"])
-    world.load_running = running_load(jobs, status.progress.load_run)
-    world.load_pods_gone = gone_load_targets(
-        jobs, status.progress.load_run, {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in b.ROLES})
+    run = status.progress.load_run
+    world.load_running = running_load(jobs, run)
+    world.load_finished = finished_load(jobs, run)
+    driven = {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in b.ROLES}
+    if status.phase in (Phase.Promoting, Phase.Guarding):
+        # the guard drives a promoted pod of the fleet, which no cache holds: read the one it names
+        driven["promoted"] = [p for j in current_load_jobs(jobs, run)
+                              if j["metadata"]["labels"].get(b.LABEL_DRIVES) == "promoted"
+                              and j["metadata"]["labels"].get(b.LABEL_POD)
+                              and (p := k.get_pod(j["metadata"]["namespace"], j["metadata"]["labels"][b.LABEL_POD]))]
+    world.load_pods_gone = gone_load_targets(jobs, run, driven)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
         return world  # the spec changed: the state machine restarts; measure nothing old
@@ -87,6 +95,18 @@ def running_load(jobs: list[dict], run: int | None) -> set[str]:
     pod (Job ``status.ready``; a load generator has no readiness probe, so ready = running)."""
     return {j["metadata"]["labels"].get(b.LABEL_DRIVES) for j in current_load_jobs(jobs, run)
             if not j["metadata"].get("deletionTimestamp") and ((j.get("status") or {}).get("ready") or 0) > 0}
+
+
+def finished_load(jobs: list[dict], run: int | None) -> set[str]:
+    """The roles whose load Job of run ``run`` has ended (its pod exited: the duration ran out, or
+    the load generator failed): nothing drives that role any more."""
+    out = set()
+    for j in current_load_jobs(jobs, run):
+        st = j.get("status") or {}
+        if not j["metadata"].get("deletionTimestamp") and (
+                st.get("succeeded") or st.get("failed") or st.get("completionTime")):
+            out.add(j["metadata"]["labels"].get(b.LABEL_DRIVES))
+    return out
 
 
 def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str, list[dict]]) -> set[str]:

@@ -150,6 +150,8 @@ class Observed:
     load_running: set[str] = field(default_factory=set)
     # roles whose current load Job drives a pod that is gone (its load reaches nothing)
     load_pods_gone: set[str] = field(default_factory=set)
+    # roles whose current load Job has ended (its pod exited)
+    load_finished: set[str] = field(default_factory=set)
     poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
 
     @property
@@ -856,10 +858,26 @@ def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | 
     if check is not None and check.regressed:
         _roll_back(b, "GuardRegression", (f"{what}, " if status_wave is not None else "") + check.message)
         return True
+    label = _label_of(what, where, legs)
+    guarded = {"promoted", "control"}
+    stopped = (w.load_pods_gone & guarded) | (w.load_finished & guarded if not (check and check.enough_data) else set())
+    if stopped and not b.ignore_guard:
+        # The pod a guard Job drives was deleted or replaced (a promoted pod's Deployment made a new
+        # one, a node was drained), or its Job ended before the comparison had its data (an outage
+        # of Prometheus outlasted the load): that role gets no load any more, and waiting would end
+        # in a rollback for want of data. The guard's load starts again on fresh Jobs, aimed at the
+        # pods there are now, and compares from when they run; the analysis deadline still bounds it.
+        why = ", ".join(f"the {r} pod it drove is gone" for r in sorted(w.load_pods_gone & guarded)) or \
+            f"the {' and '.join(sorted(w.load_finished & guarded))} load ended before enough data"
+        b.act(ActionKind.DELETE_LOAD)
+        _new_load_run(p)
+        b.events.append(("Warning", "LoadRestarted", f"{label}: {why}; the guard's load starts again"))
+        b.s.message = f"{label}: {why}; the guard's load restarts"
+        b.wait(b.w.poll_s)
+        return True
     b.act(ActionKind.ENSURE_GUARD_LOAD, wave=wave, batch_size=size, run=p.load_run or 0)
     _load_started(b, ("promoted", "control"))   # measure.guard compares from then on
     b.s.guard = _guard_status(b, check, status_wave, legs, i)
-    label = what if len(legs) == 1 else f"{what} at {where}"
     if _must_keep_guarding(b, check, p.guard_leg_started_at or since, duration / len(legs), label):
         return True
     if i + 1 < len(legs):
@@ -872,6 +890,11 @@ def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | 
         b.wait(0)
         return True
     return False
+
+
+def _label_of(what: str, where: str, legs: list[tuple[int, bool]]) -> str:
+    """How a guard names itself in messages: ``wave 2`` or ``wave 2 at batch size 1 (...)``."""
+    return what if len(legs) == 1 else f"{what} at {where}"
 
 
 def _guard_status(b: _Pass, check: GuardCheck | None, status_wave: int | None, legs: list[tuple[int, bool]],

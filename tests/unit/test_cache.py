@@ -399,6 +399,22 @@ def test_current_load_jobs_are_those_of_the_run_and_feed_running_and_gone():
         == {"canary"}
 
 
+def test_finished_load_is_a_current_job_whose_pod_exited_as_the_cache_keeps_it():
+    """``observe.finished_load``: the guard restarts its load when a current Job ended (succeeded
+    or failed) without the data it needed; the cache's slim Job must keep what says so."""
+    done = job(drives="promoted")
+    done["status"] = {"succeeded": 1, "completionTime": "2026-12-01T08:01:00Z"}
+    failed = job(drives="control")
+    failed["status"] = {"failed": 1}
+    old = job(run="2", drives="canary")
+    old["status"] = {"succeeded": 1}
+    jobs = [cache.slim_job(j) for j in (done, failed, old, job(drives="canary", ready=1))]
+    assert observe.finished_load(jobs, 3) == {"promoted", "control"}
+    assert observe.finished_load(jobs, 2) == {"canary"} and observe.finished_load(jobs, 4) == set()
+    jobs[0]["metadata"]["deletionTimestamp"] = "2026-12-01T08:01:01Z"
+    assert observe.finished_load(jobs, 3) == {"control"}, "a Job being deleted is already being replaced"
+
+
 def test_each_replica_gets_its_own_nonzero_peering_priority():
     """Kopf pauses every operator that sees a peer of its own priority: the chart's replicas (one
     ReplicaSet, pod names differing in their suffix) must never share one, nor take Kopf's 0."""

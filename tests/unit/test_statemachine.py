@@ -413,6 +413,41 @@ def test_guard_without_data_rolls_back_at_the_deadline_and_never_says_wave_ready
     assert cond(plan.status, ConditionType.WaveReady) is None
 
 
+def test_guard_load_restarts_when_its_promoted_pod_is_gone_or_its_jobs_end_without_data():
+    """Issue 12, found by the soak: the promoted pod a guard Job drives was deleted (its Deployment
+    made a new one), or the guard's Jobs ran out while Prometheus was down. The guard then had no
+    load and no data, and rolled a winning rollout back at the deadline (GuardNoData). Now its load
+    starts again on a new run (old Jobs deleted, a LoadRestarted event), and the comparison counts
+    from the new Jobs; Jobs that end once the guard has its data change nothing."""
+    w = promoting(world())
+    did = w.status.decision.id
+    _, w = run(w)
+    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    no_data = sm.GuardCheck(False, "guard: not enough data yet", enough_data=False)
+    _, w = run(replace(at(w, 3), targets=promoted, guard=no_data, load_running={"promoted", "control"}))
+    run_before = w.status.progress.load_run
+    assert w.status.progress.load_started_at is not None
+    plan, w = run(replace(at(w, 10), targets=promoted, guard=no_data, load_pods_gone={"promoted"}))
+    assert w.status.phase == Phase.Promoting and K.DELETE_LOAD in kinds(plan)
+    assert w.status.progress.load_run == run_before + 1 and w.status.progress.load_started_at is None
+    assert any(e[1] == "LoadRestarted" and "promoted pod" in e[2] for e in plan.events), plan.events
+    plan, w = run(replace(at(w, 12), targets=promoted, guard=no_data, load_pods_gone=set()))
+    assert K.ENSURE_GUARD_LOAD in kinds(plan) and K.DELETE_LOAD not in kinds(plan)
+    # the new Jobs ran out before the comparison had its data: again
+    plan, w = run(replace(at(w, 50), targets=promoted, guard=no_data, load_finished={"promoted", "control"}))
+    assert K.DELETE_LOAD in kinds(plan) and w.status.progress.load_run == run_before + 2
+    assert any("load ended before enough data" in e[2] for e in plan.events), plan.events
+    # ended with the data in hand: the wave goes on as before
+    enough = sm.GuardCheck(False, "throughput +1% [-1%, +3%]", enough_data=True)
+    _, w = run(replace(at(w, 52), targets=promoted, guard=no_data, load_running={"promoted", "control"},
+                       load_finished=set()))
+    wave = SPEC.promotion.wave_duration.total_seconds()
+    plan, w = run(replace(at(w, 52 + wave + 1), targets=promoted, guard=enough, load_finished={"promoted", "control"}))
+    assert not any(e[1] == "LoadRestarted" for e in plan.events), plan.events
+    assert w.status.progress.wave == 1, "the wave passed on the data it had"
+
+
 def test_analysis_only_never_touches_fleet():
     spec = example_spec(**{"load.batchSizes": [1, 8], "promotion.mode": "analysisOnly"})
     w = to_deciding(world(spec=spec, fingerprint=spec.fingerprint()))
