@@ -384,12 +384,17 @@ def test_progress_deadline_exceeded_rolls_back_at_once():
     assert "timed out progressing" in plan.status.rollback.message and kinds(plan)[0] == K.RESTORE
 
 
-def test_guard_regression_restores_promoted_targets():
+def first_wave_promoted():
+    """A policy in its first wave, and its targets as observed once the wave's target is promoted."""
     w = promoting(world())
     did = w.status.decision.id
     _, w = run(w)
-    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    return w, [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+               sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+
+
+def test_guard_regression_restores_promoted_targets():
+    w, promoted = first_wave_promoted()
     plan = sm.reconcile(replace(w, targets=promoted, guard=sm.GuardCheck(True, "throughput -7% [-9%, -5%]")))
     assert plan.status.phase == Phase.RolledBack and kinds(plan)[0] == K.RESTORE
     assert kinds(plan).index(K.RESTORE) < kinds(plan).index(K.RELEASE)
@@ -397,11 +402,7 @@ def test_guard_regression_restores_promoted_targets():
 
 
 def test_guard_without_data_rolls_back_at_the_deadline_and_never_says_wave_ready():
-    w = promoting(world())
-    did = w.status.decision.id
-    _, w = run(w)
-    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    w, promoted = first_wave_promoted()
     no_data = sm.GuardCheck(False, "guard: not enough data yet", enough_data=False)
     wave = SPEC.promotion.wave_duration.total_seconds()
     _, w2 = run(replace(at(w, wave + 1), targets=promoted, guard=no_data))
@@ -419,11 +420,7 @@ def test_guard_load_restarts_when_its_promoted_pod_is_gone_or_its_jobs_end_witho
     load and no data, and rolled a winning rollout back at the deadline (GuardNoData). Now its load
     starts again on a new run (old Jobs deleted, a LoadRestarted event), and the comparison counts
     from the new Jobs; Jobs that end once the guard has its data change nothing."""
-    w = promoting(world())
-    did = w.status.decision.id
-    _, w = run(w)
-    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    w, promoted = first_wave_promoted()
     no_data = sm.GuardCheck(False, "guard: not enough data yet", enough_data=False)
     _, w = run(replace(at(w, 3), targets=promoted, guard=no_data, load_running={"promoted", "control"}))
     run_before = w.status.progress.load_run
