@@ -21,11 +21,15 @@ def _load_image(spec: LookaheadPolicySpec) -> str:
 def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, batch_size: int,
                newest: sm.Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
     """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
-    pods carry the decision id), one on a ready control pod."""
+    pods carry the decision id), one on a ready control pod. Each lasts as long as a guard may wait
+    for its data (a wave or the final guard waits past its duration, up to ``analysis.deadline``,
+    until the comparison has enough samples); the state machine deletes them when the guard moves
+    on. A Job that ran out sooner would leave the guard without load, then without data."""
     promoted_pods = [p for p in fleet_pods
                      if (p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
                      and not p["metadata"].get("deletionTimestamp")]
-    duration = (spec.promotion.guard.duration + spec.promotion.wave_duration).total_seconds()
+    duration = max(spec.promotion.guard.duration + spec.promotion.wave_duration,
+                   spec.analysis.deadline).total_seconds()
     jobs = []
     for role, pods in (("promoted", promoted_pods), ("control", control_pods)):
         ready = sorted((p for p in pods if (p.get("status") or {}).get("podIP") and pod_ready(p)),

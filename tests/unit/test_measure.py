@@ -3,6 +3,7 @@ and decides the same), and the load Jobs the measurement drives."""
 
 import json
 import math
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -108,6 +109,16 @@ def test_guard_jobs_drive_a_ready_pod_of_the_promoted_template_and_the_control()
     assert by_role["promoted"]["metadata"]["labels"]["lookahead.dev/run"] == "3"
     args = by_role["promoted"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:4] == ["--url", "http://127.0.1.4:8000", "--concurrency", "16"]
+    # a guard may wait for its data up to the analysis deadline: its load lasts that long
+    longest = max(spec.analysis.deadline, spec.promotion.guard.duration + spec.promotion.wave_duration)
+    assert args[args.index("--step-duration") + 1] == f"{int(longest.total_seconds())}s"
+    short = _spec().model_copy(update={"promotion": spec.promotion.model_copy(update={
+        "guard": spec.promotion.guard.model_copy(update={"duration": timedelta(seconds=20)}),
+        "wave_duration": timedelta(seconds=15)})})
+    args = guard_jobs(short, POLICY, 1, 3, 16, newest, fleet, [_pod("control-1", "127.0.1.9")])[0][
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--step-duration") + 1] == f"{int(short.analysis.deadline.total_seconds())}s", \
+        "not the 35 s of a short wave and guard: the guard waits past them for its data"
     # no ready control: no load at all (a one-sided load would compare nothing)
     assert guard_jobs(spec, POLICY, 1, 3, 16, newest, fleet, [_pod("control-1", "127.0.1.9", ready=False)]) == []
 
