@@ -44,7 +44,7 @@ demo: deps-python
 	kubectl-lookahead analyze
 
 # the fault soak (issue 12): ten policies for 15 minutes under seeded operator, Prometheus and
-# engine Pod kills, on the real node (about 25 minutes; not part of `make test`)
+# engine Pod kills, on the real node (about 17 minutes; not part of `make test`)
 soak: deps
 	$(PY) -m pytest -q -ra tests/e2e/soak.py
 

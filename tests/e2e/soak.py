@@ -2,7 +2,7 @@
 Prometheus and engine Pods are killed at seeded random times, and the invariant watcher checks
 every watch event throughout.
 
-`make soak` runs it. It is not part of `make test`: alone it takes about 25 minutes, and the
+`make soak` runs it. It is not part of `make test`: alone it takes about 17 minutes, and the
 faults it combines each have their own test there (tests/e2e/test_*.py). Its file name keeps it
 out of the default collection; its row in docs/reliability.md is written like the others.
 
