@@ -140,12 +140,11 @@ def _ensure_load(c: Ctx, a: sm.Action) -> None:
 def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
     newest = fleet.newest_promoted(sm.in_play(w))  # never a target left to its user
-    d = c.k.get_deployment(*newest.key) if newest else None
-    if d is None:
+    if newest is None:
         return
     control = c.k.role_pods(_roles_namespace(w), w.namespace, w.name, "control")
-    fleet_pods = c.k.pods(newest.namespace, d["spec"]["selector"])
-    for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, fleet_pods, control):
+    # its pods as observe read them this pass (observe.guard_fleet_pods): not listed again
+    for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, w.guard_pods, control):
         c.k.create_if_absent(job)
 
 

@@ -156,10 +156,6 @@ class Kube:
 
     fresh_deployment = get_deployment  # (a cached view reads the API for this one)
 
-    def get_pod(self, namespace: str, name: str) -> dict | None:
-        """One pod by name (a fleet's pods are not in the operator's watched caches)."""
-        return self.request("GET", f"{_CORE}/namespaces/{namespace}/pods/{name}", ignore=(404,))
-
     @staticmethod
     def _policy_selector(policy_ns: str, policy_name: str) -> str:
         return f"{b.LABEL_POLICY}={policy_name},{b.LABEL_POLICY_NAMESPACE}={policy_ns}"

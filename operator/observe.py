@@ -56,11 +56,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     world.load_finished = finished_load(jobs, run)
     driven = {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in b.ROLES}
     if status.phase in (Phase.Promoting, Phase.Guarding):
-        # the guard drives a promoted pod of the fleet, which no cache holds: read the one it names
-        driven["promoted"] = [p for j in current_load_jobs(jobs, run)
-                              if j["metadata"]["labels"].get(b.LABEL_DRIVES) == "promoted"
-                              and j["metadata"]["labels"].get(b.LABEL_POD)
-                              and (p := k.get_pod(j["metadata"]["namespace"], j["metadata"]["labels"][b.LABEL_POD]))]
+        # read once per pass: the guard's load Jobs are aimed at these pods (actions), and a Job
+        # whose pod is no longer among them drives nothing
+        world.guard_pods = driven["promoted"] = guard_fleet_pods(k, world)
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
@@ -82,6 +80,14 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.read_errors.append(sm.ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
                                                             f"{type(exc).__name__}: {exc}"[:500]))
     return world
+
+
+def guard_fleet_pods(k, world: sm.Observed) -> list[dict]:
+    """The pods of the target promoted last (``fleet.newest_promoted``, never one left to its
+    user), which the guard drives: a fleet's pods are in no watched cache, so this is one list call."""
+    newest = fleet.newest_promoted(sm.in_play(world))
+    d = k.get_deployment(*newest.key) if newest else None
+    return k.pods(newest.namespace, d["spec"]["selector"]) if d else []
 
 
 def current_load_jobs(jobs: list[dict], run: int | None) -> list[dict]:

@@ -152,6 +152,8 @@ class Observed:
     load_pods_gone: set[str] = field(default_factory=set)
     # roles whose current load Job has ended (its pod exited)
     load_finished: set[str] = field(default_factory=set)
+    # in Promoting and Guarding: the pods of the target promoted last, which the guard drives
+    guard_pods: list[dict] = field(default_factory=list)
     poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
 
     @property

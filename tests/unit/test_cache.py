@@ -415,6 +415,43 @@ def test_finished_load_is_a_current_job_whose_pod_exited_as_the_cache_keeps_it()
     assert observe.finished_load(jobs, 3) == {"control"}, "a Job being deleted is already being replaced"
 
 
+def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
+    """``observe.guard_fleet_pods``: in Promoting and Guarding one list call reads the pods of the
+    target promoted last (not one left to its user); the guard's Jobs are built from that list and
+    a guard Job whose pod is not in it drives nothing (``gone_load_targets``)."""
+    from lookahead_operator import statemachine as sm
+    from lookahead_operator.models import Phase
+
+    class Reads:
+        def __init__(self):
+            self.calls = []
+
+        def get_deployment(self, ns, name):
+            self.calls.append(("get", ns, name))
+            return {"spec": {"selector": {"matchLabels": {"fleet": name}}}}
+
+        def pods(self, ns, selector):
+            self.calls.append(("pods", ns, selector["matchLabels"]["fleet"]))
+            return [{"metadata": {"name": f"{selector['matchLabels']['fleet']}-new"}}]
+
+    me = "inference/chat-fleet"
+    targets = [sm.Target("serving", "a", "reference", owner=me, promoted="d1"),
+               sm.Target("serving", "b", "reference", owner=me, promoted="d1", user_edited=True),
+               sm.Target("serving", "c", "reference", owner=me)]
+    w = sm.Observed(now=datetime(2026, 12, 1, tzinfo=timezone.utc), name="chat-fleet", namespace="inference",
+                    generation=1, fingerprint="f", spec=None, status=LookaheadPolicyStatus(phase=Phase.Guarding),
+                    targets=targets)
+    k = Reads()
+    pods = observe.guard_fleet_pods(k, w)
+    assert k.calls == [("get", "serving", "a"), ("pods", "serving", "a")], "b is its user's: a was promoted last for us"
+    guard_job = job(drives="promoted")
+    guard_job["metadata"]["labels"][api.LABEL_POD] = "a-old"
+    assert observe.gone_load_targets([cache.slim_job(guard_job)], 3, {"promoted": pods}) == {"promoted"}
+    guard_job["metadata"]["labels"][api.LABEL_POD] = "a-new"
+    assert observe.gone_load_targets([cache.slim_job(guard_job)], 3, {"promoted": pods}) == set()
+    assert observe.guard_fleet_pods(Reads(), sm.Observed(**{**w.__dict__, "targets": targets[2:]})) == []
+
+
 def test_each_replica_gets_its_own_nonzero_peering_priority():
     """Kopf pauses every operator that sees a peer of its own priority: the chart's replicas (one
     ReplicaSet, pod names differing in their suffix) must never share one, nor take Kopf's 0."""
