@@ -582,7 +582,7 @@ class LoadResources(ApiModel):
     def _requests_within_limits(self) -> "LoadResources":
         for name in sorted(self.requests.keys() & self.limits.keys()):
             if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
-                raise ValueError(f"load.resources: requests.{name} ({self.requests[name]}) is above "
+                raise ValueError(f"requests.{name} ({self.requests[name]}) is above "
                                  f"limits.{name} ({self.limits[name]})")
         return self
 

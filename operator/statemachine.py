@@ -862,15 +862,16 @@ def _guard_legs(b: _Pass, wave: int, status_wave: int | None, since: datetime | 
         return True
     label = _label_of(what, where, legs)
     guarded = {"promoted", "control"}
-    stopped = (w.load_pods_gone & guarded) | (w.load_finished & guarded if not (check and check.enough_data) else set())
-    if stopped and not b.ignore_guard:
+    gone = w.load_pods_gone & guarded
+    ended = set() if check is not None and check.enough_data else w.load_finished & guarded
+    if (gone or ended) and not b.ignore_guard:
         # The pod a guard Job drives was deleted or replaced (a promoted pod's Deployment made a new
         # one, a node was drained), or its Job ended before the comparison had its data (an outage
         # of Prometheus outlasted the load): that role gets no load any more, and waiting would end
         # in a rollback for want of data. The guard's load starts again on fresh Jobs, aimed at the
         # pods there are now, and compares from when they run; the analysis deadline still bounds it.
-        why = ", ".join(f"the {r} pod it drove is gone" for r in sorted(w.load_pods_gone & guarded)) or \
-            f"the {' and '.join(sorted(w.load_finished & guarded))} load ended before enough data"
+        why = ", ".join(f"the {r} pod it drove is gone" for r in sorted(gone)) or \
+            f"the {' and '.join(sorted(ended))} load ended before enough data"
         b.act(ActionKind.DELETE_LOAD)
         _new_load_run(p)
         b.events.append(("Warning", "LoadRestarted", f"{label}: {why}; the guard's load starts again"))
