@@ -20,8 +20,10 @@ stall) per arm. Every method reads the same streams, from the start, as many win
 - ``ours``: `statistics.PairedComparison` (paired confidence sequences: mean log-ratio for latency,
   ratio of sums for throughput) and the outcome rule of `decision.BatchVerdict` (Regresses / Wins /
   NoGain), looked at after every window from 10 pairs on; a step still unsettled at its 18th window
-  measures on up to its share of the deadline (54 windows), as the operator does
-  (`statemachine.step_budget`); unsettled then = Inconclusive. Checked against the operator's own
+  measures on, as the operator does, until the deadline less one stepDuration for each later planned
+  size (`statemachine.step_deadline`): the time the steps before it left goes to it. So a policy's
+  steps run in order, smallest size first, each on the clock the ones before left (a stress
+  scenario is a policy's first step: up to 234 windows); unsettled then = Inconclusive. Checked against the operator's own
   classes on every run (`check_against_operator_code`). Variants for context: ``ours_bonferroni``
   (every interval two-sided at the Bonferroni share, as before the win bound's fixed-sequence
   split), ``ours_one_step`` (every step stops at 18 windows), ``ours_unpaired`` (the
@@ -81,6 +83,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 import numpy as np
 from scipy import signal, special
@@ -90,7 +93,7 @@ from lookahead_canary.simulator import RooflineSimulator, SimConfig
 from lookahead_operator.decision import BatchOutcome, BatchVerdict
 from lookahead_operator.measure import METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
 from lookahead_operator.models import LookaheadPolicySpec
-from lookahead_operator.statemachine import step_budget
+from lookahead_operator.statemachine import step_deadline
 from lookahead_operator.statistics import (PairedComparison, Thresholds, log_ratio_confidence_sequence,
                          paired_log_confidence_sequence, paired_ratio_confidence_sequence)
 
@@ -114,10 +117,29 @@ FLAGGER_DEFAULT_THRESHOLD = 2
 FLAGGER_BASELINE_SIGMA = 0.03
 HORIZON = max(KAYENTA_LOOKS[-1], FLAGGER_TICK * (FLAGGER_ITERATIONS + 2 + max(FLAGGER_THRESHOLDS) + 1))
 
-# ours, as the operator runs it: a step still Pending at stepDuration measures on up to its share of
-# the deadline (statemachine.step_budget: deadline / planned sizes = 5 m, 4.5 m after the warm-up).
-# ours_one_step stops every step at stepDuration (18 windows), for comparison.
-EXTENDED_WINDOWS = int((step_budget(_DEFAULTS, len(PLANNED)) - _DEFAULTS.load.warmup).total_seconds() // SAMPLE_S)
+# ours, as the operator runs it: a step still Pending at stepDuration measures on until the analysis
+# deadline less one stepDuration per later planned size (statemachine.step_deadline), and never less
+# than its own stepDuration; the analysis deadline ends everything. ours_one_step stops every step at
+# stepDuration (18 windows), for comparison.
+_EPOCH = datetime(2026, 1, 1)  # the clocks below are seconds since measuring began
+DEADLINE_S = _DEFAULTS.analysis.deadline.total_seconds()
+WARMUP_S = _DEFAULTS.load.warmup.total_seconds()
+
+
+def step_windows(position: int, used_s: np.ndarray) -> np.ndarray:
+    """Windows a step at ``position`` (0-based in PLANNED) may read, per seed, when the steps before
+    it used ``used_s`` seconds since measuring began (each: the warm-up, then its windows)."""
+    until = (step_deadline(_DEFAULTS, len(PLANNED), position, _EPOCH) - _EPOCH).total_seconds()
+    on = np.floor((until - used_s - WARMUP_S) / SAMPLE_S)
+    cap = np.floor((DEADLINE_S - used_s - WARMUP_S) / SAMPLE_S)  # the analysis deadline
+    return np.clip(np.minimum(np.maximum(on, STEP_WINDOWS), cap), 0, None).astype(int)
+
+
+FIRST_STEP_WINDOWS = int(step_windows(0, np.zeros(1))[0])  # the first step, with the whole sweep ahead: 234
+# the most any step may read: every step before it settled at the fewest windows (the last: 274)
+MAX_STEP_WINDOWS = max(int(step_windows(i, np.full(1, i * (WARMUP_S + _DEFAULTS.load.min_samples_per_step * SAMPLE_S)))[0])
+                       for i in range(len(PLANNED)))
+HORIZON = max(HORIZON, MAX_STEP_WINDOWS)
 
 PROMOTE, ROLLBACK, INCONCLUSIVE = 0, 1, 2
 HEADLINE = ("ours", "fixed_mwu", "kayenta", "flagger", "flagger_ratio")
@@ -369,10 +391,13 @@ def _unpaired_goodness(c: np.ndarray, k: np.ndarray, alpha: float, tau: float, l
     return np.minimum(n_c, n_k), np.nan_to_num(g_lo, nan=-np.inf), np.nan_to_num(g_hi, nan=np.inf)
 
 
-def run_ours(streams, th: Thresholds, horizon: int = STEP_WINDOWS, paired: bool = True):
+def run_ours(streams, th: Thresholds, horizon: int | np.ndarray = STEP_WINDOWS, paired: bool = True):
     """Vectorised `PairedComparison` + `BatchVerdict.outcome`, looked at after every window
-    (``paired=False``: the independent-arms `SequentialComparison` on the same windows)."""
-    lat_c, lat_k, tp_c, tp_k = (s[:, :horizon] for s in streams)
+    (``paired=False``: the independent-arms `SequentialComparison` on the same windows).
+    ``horizon``: the windows the step may read, one number or one per seed."""
+    h = np.broadcast_to(np.asarray(horizon, dtype=int), (streams[0].shape[0],))
+    top = max(int(h.max()), 1)
+    lat_c, lat_k, tp_c, tp_k = (s[:, :top] for s in streams)
     alpha = 1 - th.confidence
     if paired:
         n_l, l_lo, l_hi = _paired_goodness(lat_c, lat_k, PairedComparison.for_latency(th), True, False)
@@ -385,10 +410,10 @@ def run_ours(streams, th: Thresholds, horizon: int = STEP_WINDOWS, paired: bool 
     regress = tp_ok & (t_hi < -th.max_throughput_regression)
     wins = lat_ok & tp_ok & (l_lo > th.min_latency_improvement) & (t_lo > -th.max_throughput_regression)
     nogain = lat_ok & (l_hi < th.min_latency_improvement)
-    settled = regress | wins | nogain
+    settled = (regress | wins | nogain) & (np.arange(top)[None, :] < h[:, None])
     seeds = lat_c.shape[0]
     any_settled = settled.any(axis=1)
-    idx = np.where(any_settled, settled.argmax(axis=1), horizon - 1)
+    idx = np.where(any_settled, settled.argmax(axis=1), np.maximum(h, 1) - 1)
     rows = np.arange(seeds)
     outcome = np.full(seeds, INCONCLUSIVE)
     at_reg, at_win, at_nog = regress[rows, idx], wins[rows, idx], nogain[rows, idx]
@@ -604,29 +629,44 @@ def run(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[Scenario] | N
     check_against_operator_code(fth, rng)
     scenarios = scenarios if scenarios is not None else sim_scenarios() + grid_scenarios()
     rows = []
+    # ours' clock per policy (seconds each seed's earlier steps used): a sim policy's scenarios come
+    # in planned order; a stress scenario is a policy of its own, at its first step
+    clocks: dict[tuple[str, str], np.ndarray] = {}
+    last: dict[str, int] = {}
     for sc in scenarios:
+        position = PLANNED.index(sc.batch_size) if sc.source == "sim" else 0
+        key = sc.policy if sc.source == "sim" else f"{sc.policy} {sc.label}"
+        assert position > last.get(key, -1), "a policy's steps run smallest batch size first"
+        last[key] = position
         streams = make_streams(sc, seeds, HORIZON, rng)
         base_lat = np.exp(rng.normal(0, FLAGGER_BASELINE_SIGMA, seeds))
         base_tp = np.exp(rng.normal(0, FLAGGER_BASELINE_SIGMA, seeds))
-        res = {
-            "ours": run_ours(streams, fth, EXTENDED_WINDOWS),
-            # before the fixed-sequence win bound: every interval two-sided at the Bonferroni share
-            "ours_bonferroni": run_ours(streams, replace(fth, win_confidence=None), EXTENDED_WINDOWS),
+        res = {}
+        # ours_bonferroni: before the fixed-sequence win bound, every interval two-sided at the
+        # Bonferroni share; on its own clock
+        for name, t in (("ours", fth), ("ours_bonferroni", replace(fth, win_confidence=None))):
+            used = clocks.setdefault((name, key), np.zeros(seeds))
+            windows = step_windows(position, used)
+            res[name] = run_ours(streams, t, windows)
+            clocks[(name, key)] = used + WARMUP_S + res[name][1] * SAMPLE_S
+            if name == "ours":
+                res["ours_windows"] = windows
+        res.update({
             "ours_one_step": run_ours(streams, fth, horizon),
             "ours_unpaired": run_ours(streams, fth, horizon, paired=False),
             "fixed_mwu": run_fixed_mwu(streams, th),
             "kayenta": run_kayenta(streams, th),
-        }
+        })
         for t in FLAGGER_THRESHOLDS:
             sfx = "" if t == FLAGGER_DEFAULT_THRESHOLD else f"@{t}"
             res["flagger" + sfx] = run_flagger(streams, th, base_lat, base_tp, t)
             res["flagger_ratio" + sfx] = run_flagger_ratio(streams, th, t)
-        res["oracle_power"] = oracle_power(sc, streams, th)
+        res["oracle_power"] = oracle_power(sc, streams, th, int(np.median(res["ours_windows"])))
         rows.append((sc, res))
     return rows
 
 
-def oracle_power(sc: Scenario, streams, th: Thresholds, n: int = EXTENDED_WINDOWS) -> float:
+def oracle_power(sc: Scenario, streams, th: Thresholds, n: int) -> float:
     """A yardstick, not a method: the probability that a FIXED-horizon one-sided z-test on the
     mean per-window log-ratio, with the policy's whole error budget (1 - confidence), n windows
     and the per-window standard deviation KNOWN (measured on this scenario's streams), certifies
@@ -853,7 +893,7 @@ def main(argv: list[str] | None = None) -> int:
     worse_side = PairedComparison.for_throughput(fth).side_alphas()[1]
     meta = {"seeds": seeds, "scenarios": {"realistic": len(realistic_rows), "stress": len(stress_rows)},
             "realistic_runs": realistic["ours"]["runs"], "stress_runs": stress["ours"]["runs"],
-            "step_windows": STEP_WINDOWS, "extended_step_windows": EXTENDED_WINDOWS, "planned": list(PLANNED),
+            "step_windows": STEP_WINDOWS, "first_step_windows": FIRST_STEP_WINDOWS, "max_step_windows": MAX_STEP_WINDOWS, "planned": list(PLANNED),
             "per_test_confidence": fth.confidence, "win_bound_confidence": fth.win_confidence,
             "worse_bound_confidence": 1 - worse_side,
             "seconds": round(time.time() - t0, 1), "machine": machine(),

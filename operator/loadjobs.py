@@ -5,6 +5,7 @@ for how long, with which prompts. Pure: the policy's spec and the pods as read -
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 from . import builders as b
 from . import statemachine as sm
@@ -46,13 +47,15 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
 
 
 def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
-              pods_by_role: dict[str, list[dict]], planned: int = 1) -> list[dict]:
+              pods_by_role: dict[str, list[dict]], planned: int, measuring_since: datetime,
+              now: datetime) -> list[dict]:
     """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
     (its pod IP and serving port: no Service or DNS needed). Both roles or neither: a one-sided
     load would leave the other role idle, and idle windows read as stalls. Each Job runs for as
-    long as the step may measure (``statemachine.step_budget``: a step whose answer is unclear at
-    ``stepDuration`` measures on); the state machine deletes it when the step ends."""
-    duration = sm.step_budget(spec, planned).total_seconds()
+    long as the step may measure: its stepDuration, and for a step whose answer is unclear then,
+    up to ``statemachine.step_deadline``; the state machine deletes it when the step ends."""
+    until = sm.step_deadline(spec, planned, step_index, measuring_since)
+    duration = max(spec.load.step_duration.total_seconds(), (until - now).total_seconds())
     jobs = []
     for role in b.ROLES:
         pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and pod_ready(p)]

@@ -11,6 +11,10 @@ from lookahead_operator import builders as b
 from lookahead_operator import loadjobs
 from lookahead_operator.models import LoadResources, LoadSpec, LookaheadPolicySpec
 
+from datetime import datetime as _dt, timezone as _tz
+
+T_JOBS = _dt(2026, 12, 1, tzinfo=_tz.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
+
 
 def test_defaults_are_the_documented_ones_and_what_a_job_gets_without_a_spec():
     assert LoadSpec().resources.as_container() == {"requests": {"cpu": "250m", "memory": "256Mi"},
@@ -53,7 +57,7 @@ def test_step_jobs_carry_the_policys_resources():
                 "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
                 "status": {"podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}}
 
-    jobs = loadjobs.step_jobs(spec, policy, "ns", 0, 1, 1, {r: [pod(f"{r}-0", r)] for r in b.ROLES})
+    jobs = loadjobs.step_jobs(spec, policy, "ns", 0, 1, 1, {r: [pod(f"{r}-0", r)] for r in b.ROLES}, 1, T_JOBS, T_JOBS)
     assert len(jobs) == 2
     for j in jobs:
         assert j["spec"]["template"]["spec"]["containers"][0]["resources"] == {

@@ -203,21 +203,42 @@ def test_measuring_walks_steps_records_rows_and_asks_to_look_at_the_next_sample(
     assert w3.status.progress.load_run == w2.status.progress.load_run + 1, "the next step's Jobs get new names"
 
 
-def test_an_unclear_step_measures_on_to_its_share_a_starved_one_waits_and_the_deadline_ends_measurement():
+def test_an_unclear_step_measures_on_while_later_steps_keep_their_duration_a_starved_one_waits_and_the_deadline_ends_measurement():
     w = to_measuring(world())
     _, w = run(w)                                            # the load runs from T0
-    share = sm.step_budget(SPEC, 2).total_seconds()          # 30m / 2 batch sizes = 15m
-    assert share == DEADLINE.total_seconds() / 2 > STEP.total_seconds()
-    _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
+    # 2 planned sizes: the first may measure until the deadline less one stepDuration for the second
+    until = (sm.step_deadline(SPEC, 2, 0, T0) - T0).total_seconds()
+    assert until == (DEADLINE - STEP).total_seconds() > DEADLINE.total_seconds() / 2, \
+        "more than an equal share: the time a later step does not need is not held back"
+    _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1, "Pending", n=3), False)))
+    assert w.status.progress.step == 0 and "waiting for data" in w.status.message, "too few samples: it waits"
+    _, w = run(replace(at(w, STEP.total_seconds() + 2), step=sm.StepMeasurement(row(1, "Pending"), False)))
     assert w.status.progress.step == 0 and "measuring on" in w.status.message, "data, no answer: it measures on"
-    _, w = run(replace(at(w, share + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
-    assert w.status.progress.step == 1, "its share of the deadline used: the step ends without an answer"
-    _, w = run(replace(at(w, share + 1), step=None))       # step 1's load runs from here
-    t = share + 1 + STEP.total_seconds() + 1
-    _, w = run(replace(at(w, t), step=sm.StepMeasurement(row(8, "Pending", n=3), False)))
-    assert w.status.progress.step == 1 and "waiting for data" in w.status.message, "too few samples: it waits"
+    _, w = run(replace(at(w, until - 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert w.status.progress.step == 0, "still within what the later step leaves"
+    _, w = run(replace(at(w, until + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
+    assert w.status.progress.step == 1, "only the later step's stepDuration left: the step ends without an answer"
+    _, w = run(replace(at(w, until + 1), step=None))       # step 1's load runs from here
+    assert (sm.step_deadline(SPEC, 2, 1, T0) - T0) == DEADLINE, "the last step may use what is left of the deadline"
+    _, w = run(replace(at(w, DEADLINE.total_seconds() - 1), step=sm.StepMeasurement(row(8, "Pending"), False)))
+    assert w.status.progress.step == 1 and w.status.phase == Phase.Measuring, "its stepDuration, to the deadline"
     _, w = run(at(w, DEADLINE.total_seconds() + 1))
     assert w.status.phase == Phase.Deciding
+
+
+def test_a_step_gets_its_step_duration_even_when_earlier_steps_used_the_time_meant_for_it():
+    """A step before waited on its pods past what it was allotted: the next step still measures for
+    its full stepDuration (the analysis deadline bounds the whole), and does not measure on."""
+    w = to_measuring(world())
+    _, w = run(w)
+    late = (DEADLINE - STEP).total_seconds() + 30            # past what step 0 may use
+    _, w = run(replace(at(w, late), step=sm.StepMeasurement(row(1), True)), step=None)
+    assert w.status.progress.step == 1
+    _, w = run(at(w, late))                                  # step 1's load runs from here
+    _, w = run(replace(at(w, late + STEP.total_seconds() - 31), step=sm.StepMeasurement(row(8, "Pending"), False)))
+    assert w.status.progress.step == 1 and w.status.phase == Phase.Measuring
+    _, w = run(replace(at(w, DEADLINE.total_seconds() + 1), step=sm.StepMeasurement(row(8, "Pending"), False)))
+    assert w.status.phase == Phase.Deciding, "the analysis deadline still ends it"
 
 
 def test_a_step_waits_for_both_load_pods_and_its_clock_starts_when_they_run():
@@ -273,16 +294,21 @@ def test_step_load_is_both_roles_or_neither_and_lasts_as_long_as_the_step_may_me
                            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
     policy = {"metadata": {"name": "chat-fleet", "namespace": "inference", "uid": "u"}}
-    one = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary", False)], "control": [pod("control")]}, 2)
+    one = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary", False)], "control": [pod("control")]}, 2, T0, T0)
     assert one == [], "the control alone would be driven while the canary sits idle"
-    both = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary")], "control": [pod("control")]}, 2)
+    pods = {"canary": [pod("canary")], "control": [pod("control")]}
+    both = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, pods, 2, T0, T0 + timedelta(seconds=60))
     assert len(both) == 2
-    budget = int(sm.step_budget(SPEC, 2).total_seconds())
+    budget = int((sm.step_deadline(SPEC, 2, 0, T0) - T0).total_seconds()) - 60
     assert budget > STEP.total_seconds()
     for job in both:
         args = job["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--step-duration") + 1] == f"{budget}s", \
             "a step measures on past stepDuration when unclear: its load must still run"
+    late = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, pods, 2, T0, T0 + DEADLINE)
+    args = late[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--step-duration") + 1] == f"{int(STEP.total_seconds())}s", \
+        "a step always gets its own stepDuration of load"
 
 
 def test_launching_that_never_gets_ready_fails_within_the_rollout_deadline_and_cleans_up():
