@@ -33,6 +33,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -100,10 +101,16 @@ def prometheus_binary() -> Path:
     return path
 
 
+def _version_key(path: Path) -> tuple[int, ...]:
+    """(3, 16, 0) for .../prometheus-v3.16.0/bin/prometheus: v3.9 sorts before v3.16, unlike as text."""
+    return tuple(int(n) for n in re.findall(r"\d+", path.parents[1].name.split("-", 1)[-1]))
+
+
 def prometheus_sd_binary() -> Path:
     """The Prometheus built with Kubernetes service discovery by ``hack/build-prometheus.sh``."""
     found = os.environ.get("LOOKAHEAD_PROMETHEUS_SD_BIN")
-    candidates = [Path(found)] if found else sorted(cache_dir().glob("prometheus-*/bin/prometheus"), reverse=True)
+    candidates = [Path(found)] if found else sorted(cache_dir().glob("prometheus-*/bin/prometheus"),
+                                                    key=_version_key, reverse=True)  # the newest build first
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return path

@@ -59,7 +59,6 @@ from lookahead_operator.observations import State
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "analyze.md"
 JACOBI = '{"method":"jacobi","window":4,"ngram":4,"guess_set":4}'
 SIM = '{"seed": 11, "noise_sigma": 0.0, "acceptance": 0.6}'
 POLICY, POLICY_NS = "chat-fleet", "policies"
