@@ -20,10 +20,11 @@ stall) per arm. Every method reads the same streams, from the start, as many win
 - ``ours``: `statistics.PairedComparison` (paired confidence sequences: mean log-ratio for latency,
   ratio of sums for throughput) and the outcome rule of `decision.BatchVerdict` (Regresses / Wins /
   NoGain), looked at after every window from 10 pairs on; a step still unsettled at its 18th window
-  measures on, as the operator does, until the deadline less one stepDuration for each later planned
-  size (`statemachine.step_deadline`): the time the steps before it left goes to it. So a policy's
-  steps run in order, smallest size first, each on the clock the ones before left (a stress
-  scenario is a policy's first step: up to 234 windows); unsettled then = Inconclusive. Checked against the operator's own
+  measures on, as the operator does, to the end of its equal share of the deadline counted from the
+  start of measuring (`statemachine.step_deadline`), so it also gets the time the steps before it
+  left. A policy's steps therefore run in order, smallest size first, each on the clock the ones
+  before left (54 windows for the first; a stress scenario is a policy's first step); unsettled
+  then = Inconclusive. Checked against the operator's own
   classes on every run (`check_against_operator_code`). Variants for context: ``ours_bonferroni``
   (every interval two-sided at the Bonferroni share, as before the win bound's fixed-sequence
   split), ``ours_one_step`` (every step stops at 18 windows), ``ours_unpaired`` (the
@@ -117,9 +118,10 @@ FLAGGER_DEFAULT_THRESHOLD = 2
 FLAGGER_BASELINE_SIGMA = 0.03
 HORIZON = max(KAYENTA_LOOKS[-1], FLAGGER_TICK * (FLAGGER_ITERATIONS + 2 + max(FLAGGER_THRESHOLDS) + 1))
 
-# ours, as the operator runs it: a step still Pending at stepDuration measures on until the analysis
-# deadline less one stepDuration per later planned size (statemachine.step_deadline), and never less
-# than its own stepDuration; the analysis deadline ends everything. ours_one_step stops every step at
+# ours, as the operator runs it: a step still Pending at stepDuration measures on to the end of its
+# equal share of the deadline counted from the start of measuring (statemachine.step_deadline: its
+# share and what the steps before it left), and never less than its own stepDuration; the analysis
+# deadline ends everything. ours_one_step stops every step at
 # stepDuration (18 windows), for comparison.
 _EPOCH = datetime(2026, 1, 1)  # the clocks below are seconds since measuring began
 DEADLINE_S = _DEFAULTS.analysis.deadline.total_seconds()
@@ -135,7 +137,7 @@ def step_windows(position: int, used_s: np.ndarray) -> np.ndarray:
     return np.clip(np.minimum(np.maximum(on, STEP_WINDOWS), cap), 0, None).astype(int)
 
 
-FIRST_STEP_WINDOWS = int(step_windows(0, np.zeros(1))[0])  # the first step, with the whole sweep ahead: 234
+FIRST_STEP_WINDOWS = int(step_windows(0, np.zeros(1))[0])  # the first step: its share, 54
 # the most any step may read: every step before it settled at the fewest windows (the last: 274)
 MAX_STEP_WINDOWS = max(int(step_windows(i, np.full(1, i * (WARMUP_S + _DEFAULTS.load.min_samples_per_step * SAMPLE_S)))[0])
                        for i in range(len(PLANNED)))

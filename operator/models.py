@@ -625,7 +625,8 @@ class LoadSpec(ApiModel):
                                   json_schema_extra={"default": {"builtin": "chat"}})
     step_duration: Duration = Field(
         default="2m", description="How long each batch size is measured; a step whose answer is still unclear "
-                                  "measures on, up to analysis.deadline less one stepDuration per later batch size.")
+                                  "measures on, up to its share of analysis.deadline (deadline / batch sizes) and "
+                                  "the time the batch sizes before it left.")
     warmup: Duration = Field(default="30s", description="Discarded at the start of each step.")
     min_samples_per_step: int = Field(
         default=10, ge=2, le=10000,

@@ -609,12 +609,12 @@ def _measuring(b: _Pass) -> None:
                        f"(need {spec.load.min_samples_per_step} per role); waiting for data until the deadline")
         timed_out = False
     elif timed_out and not conclusive and w.now < (until := step_deadline(spec, len(sizes), step, p.measuring_since or w.now)):
-        # Data, but no answer yet: the (anytime-valid) test keeps sampling, on the time the steps
-        # before left and up to what the later steps need, time the deadline allows anyway
+        # Data, but no answer yet: the (anytime-valid) test keeps sampling, on its share of the
+        # deadline and the time the steps before left, time the deadline allows anyway
         # (docs/statistics.md).
         b.s.message = (f"batch size {sizes[step]}: no clear answer at stepDuration; measuring on for up to "
-                       f"{_seconds(until - w.now):.0f}s more (what analysis.deadline leaves after one "
-                       f"stepDuration for each later batch size)")
+                       f"{_seconds(until - w.now):.0f}s more (its share of analysis.deadline and what the "
+                       f"batch sizes before it left)")
         timed_out = False
     if conclusive or timed_out:
         b.act(ActionKind.DELETE_LOAD)
@@ -655,12 +655,11 @@ def _load_started(b: _Pass, roles: tuple[str, ...]) -> bool:
 
 def step_deadline(spec: LookaheadPolicySpec, planned: int, step: int, measuring_since: datetime) -> datetime:
     """Until when step ``step`` (0-based, of ``planned``) measures on while its answer is unclear:
-    the analysis deadline less one ``load.stepDuration`` for every planned step after it. Time the
-    steps before it left by settling early goes to the first step still unclear, and every later
-    step keeps its full stepDuration. Smallest batch sizes first, as ``decide()`` reads wins along
-    the run from the smallest (an unclear size ends that run whatever the sizes above it say). A
-    step always measures its own stepDuration, even past this (a step before it waited on pods)."""
-    return measuring_since + spec.analysis.deadline - spec.load.step_duration * max(0, planned - step - 1)
+    the end of its equal share of the analysis deadline counted from when measuring began, so the
+    time the steps before it left by settling early goes to it, and it never takes from the steps
+    after it: each keeps at least its own share (deadline / planned sizes). A step always measures
+    its own stepDuration, even past this (a step before it waited on pods)."""
+    return measuring_since + spec.analysis.deadline * (min(step, planned - 1) + 1) / max(1, planned)
 
 
 def _starved(step: StepMeasurement | None, spec: LookaheadPolicySpec) -> bool:

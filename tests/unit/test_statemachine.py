@@ -203,35 +203,52 @@ def test_measuring_walks_steps_records_rows_and_asks_to_look_at_the_next_sample(
     assert w3.status.progress.load_run == w2.status.progress.load_run + 1, "the next step's Jobs get new names"
 
 
-def test_an_unclear_step_measures_on_while_later_steps_keep_their_duration_a_starved_one_waits_and_the_deadline_ends_measurement():
+def test_an_unclear_step_measures_on_to_its_share_a_starved_one_waits_and_the_deadline_ends_measurement():
     w = to_measuring(world())
     _, w = run(w)                                            # the load runs from T0
-    # 2 planned sizes: the first may measure until the deadline less one stepDuration for the second
     until = (sm.step_deadline(SPEC, 2, 0, T0) - T0).total_seconds()
-    assert until == (DEADLINE - STEP).total_seconds() > DEADLINE.total_seconds() / 2, \
-        "more than an equal share: the time a later step does not need is not held back"
+    assert until == DEADLINE.total_seconds() / 2 > STEP.total_seconds(), "30m / 2 batch sizes"
     _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1, "Pending", n=3), False)))
     assert w.status.progress.step == 0 and "waiting for data" in w.status.message, "too few samples: it waits"
     _, w = run(replace(at(w, STEP.total_seconds() + 2), step=sm.StepMeasurement(row(1, "Pending"), False)))
     assert w.status.progress.step == 0 and "measuring on" in w.status.message, "data, no answer: it measures on"
     _, w = run(replace(at(w, until - 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
-    assert w.status.progress.step == 0, "still within what the later step leaves"
+    assert w.status.progress.step == 0
     _, w = run(replace(at(w, until + 1), step=sm.StepMeasurement(row(1, "Pending"), False)))
-    assert w.status.progress.step == 1, "only the later step's stepDuration left: the step ends without an answer"
+    assert w.status.progress.step == 1, "its share of the deadline used: the step ends without an answer"
     _, w = run(replace(at(w, until + 1), step=None))       # step 1's load runs from here
-    assert (sm.step_deadline(SPEC, 2, 1, T0) - T0) == DEADLINE, "the last step may use what is left of the deadline"
     _, w = run(replace(at(w, DEADLINE.total_seconds() - 1), step=sm.StepMeasurement(row(8, "Pending"), False)))
-    assert w.status.progress.step == 1 and w.status.phase == Phase.Measuring, "its stepDuration, to the deadline"
+    assert w.status.progress.step == 1 and w.status.phase == Phase.Measuring, "the last share, to the deadline"
     _, w = run(at(w, DEADLINE.total_seconds() + 1))
     assert w.status.phase == Phase.Deciding
 
 
+def test_time_an_early_step_leaves_goes_to_the_next_unclear_one_never_the_later_ones_share():
+    """Three planned sizes, 30m: batch 1 settles at stepDuration; batch 8, unclear, measures on with
+    its own 10m and the 8m batch 1 left (to 20m from the start), and batch 16 still has its 10m."""
+    three = example_spec(**{"load.batchSizes": [1, 8, 16]})
+    assert (sm.step_deadline(three, 3, 1, T0) - T0) == 2 * DEADLINE / 3
+    assert (sm.step_deadline(three, 3, 2, T0) - T0) == DEADLINE
+    w = to_measuring(world(spec=three, fingerprint=three.fingerprint()))
+    _, w = run(w)
+    assert w.status.progress.batch_sizes == [1, 8, 16]
+    _, w = run(replace(at(w, STEP.total_seconds() + 1), step=sm.StepMeasurement(row(1), True)), step=None)
+    assert w.status.progress.step == 1
+    _, w = run(at(w, STEP.total_seconds() + 1))              # batch 8's load runs from here
+    longer = 2 * DEADLINE.total_seconds() / 3 - 1            # past its own 10m share from its start
+    assert longer - STEP.total_seconds() > DEADLINE.total_seconds() / 3
+    _, w = run(replace(at(w, longer), step=sm.StepMeasurement(row(8, "Pending"), False)))
+    assert w.status.progress.step == 1 and "measuring on" in w.status.message
+    _, w = run(replace(at(w, longer + 2), step=sm.StepMeasurement(row(8, "Pending"), False)))
+    assert w.status.progress.step == 2, "the last size's share is not taken"
+
+
 def test_a_step_gets_its_step_duration_even_when_earlier_steps_used_the_time_meant_for_it():
-    """A step before waited on its pods past what it was allotted: the next step still measures for
-    its full stepDuration (the analysis deadline bounds the whole), and does not measure on."""
+    """A step before waited on its pods past its share: the next step still measures for its full
+    stepDuration (the analysis deadline bounds the whole), and does not measure on."""
     w = to_measuring(world())
     _, w = run(w)
-    late = (DEADLINE - STEP).total_seconds() + 30            # past what step 0 may use
+    late = DEADLINE.total_seconds() - STEP.total_seconds() + 30   # past step 0's share and then some
     _, w = run(replace(at(w, late), step=sm.StepMeasurement(row(1), True)), step=None)
     assert w.status.progress.step == 1
     _, w = run(at(w, late))                                  # step 1's load runs from here
