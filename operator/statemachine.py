@@ -657,8 +657,10 @@ def step_deadline(spec: LookaheadPolicySpec, planned: int, step: int, measuring_
     """Until when step ``step`` (0-based, of ``planned``) measures on while its answer is unclear:
     the end of its equal share of the analysis deadline counted from when measuring began, so the
     time the steps before it left by settling early goes to it, and it never takes from the steps
-    after it: each keeps at least its own share (deadline / planned sizes). A step always measures
-    its own stepDuration, even past this (a step before it waited on pods)."""
+    after it: each may measure to the end of its share (deadline / planned sizes) on that one
+    clock. Time lost between steps (load pods starting) comes off the step that follows, where the
+    analysis deadline used to take it off the last one. A step always measures its own
+    stepDuration, even past this (a step before it waited on pods)."""
     return measuring_since + spec.analysis.deadline * (min(step, planned - 1) + 1) / max(1, planned)
 
 
