@@ -132,9 +132,8 @@ def _ensure_load(c: Ctx, a: sm.Action) -> None:
     w = c.world
     namespace = _roles_namespace(w)
     pods = {role: c.k.role_pods(namespace, w.namespace, w.name, role) for role in b.ROLES}
-    planned = len(w.status.progress.batch_sizes or [a.batch_size])
-    since = w.status.progress.measuring_since or w.now
-    for job in loadjobs.step_jobs(c.spec, c.body, namespace, a.step, a.run, a.batch_size, pods, planned, since, w.now):
+    for job in loadjobs.step_jobs(c.spec, c.body, namespace, a.step, a.run, a.batch_size, pods, a.until or w.now,
+                                  w.now):
         c.k.create_if_absent(job)
 
 

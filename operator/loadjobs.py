@@ -47,14 +47,13 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
 
 
 def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
-              pods_by_role: dict[str, list[dict]], planned: int, measuring_since: datetime,
-              now: datetime) -> list[dict]:
+              pods_by_role: dict[str, list[dict]], until: datetime, now: datetime) -> list[dict]:
     """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
     (its pod IP and serving port: no Service or DNS needed). Both roles or neither: a one-sided
     load would leave the other role idle, and idle windows read as stalls. Each Job runs for as
     long as the step may measure: its stepDuration, and for a step whose answer is unclear then,
-    up to ``statemachine.step_deadline``; the state machine deletes it when the step ends."""
-    until = sm.step_deadline(spec, planned, step_index, measuring_since)
+    up to ``until`` (``statemachine.step_deadline``, carried by the state machine's action); the
+    state machine deletes it when the step ends."""
     duration = max(spec.load.step_duration.total_seconds(), (until - now).total_seconds())
     jobs = []
     for role in b.ROLES:

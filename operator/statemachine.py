@@ -186,6 +186,7 @@ class Action:
     run: int | None = None
     wave: int | None = None
     decision_id: str | None = None
+    until: datetime | None = None  # ENSURE_LOAD: how long the step may measure (step_deadline)
 
 
 @dataclass
@@ -569,7 +570,8 @@ def _measuring(b: _Pass) -> None:
            "Ready" if all(w.roles_ready.get(r) for r in ("canary", "control")) else "NotReady",
            "canary and control are ready" if all(w.roles_ready.get(r) for r in ("canary", "control"))
            else "a canary or control pod is not ready: its samples are missing")
-    b.act(ActionKind.ENSURE_LOAD, step=step, batch_size=sizes[step], run=p.load_run or 0)
+    until = step_deadline(spec, len(sizes), step, p.measuring_since or w.now)
+    b.act(ActionKind.ENSURE_LOAD, step=step, batch_size=sizes[step], run=p.load_run or 0, until=until)
     if w.step is not None:
         rows = [r for r in b.s.batches or [] if r.batch_size != sizes[step]] + [w.step.row]
         b.s.batches = sorted(rows, key=lambda r: r.batch_size)
@@ -608,7 +610,7 @@ def _measuring(b: _Pass) -> None:
         b.s.message = (f"batch size {sizes[step]}: step duration reached without enough samples "
                        f"(need {spec.load.min_samples_per_step} per role); waiting for data until the deadline")
         timed_out = False
-    elif timed_out and not conclusive and w.now < (until := step_deadline(spec, len(sizes), step, p.measuring_since or w.now)):
+    elif timed_out and not conclusive and w.now < until:
         # Data, but no answer yet: the (anytime-valid) test keeps sampling, on its share of the
         # deadline and the time the steps before left, time the deadline allows anyway
         # (docs/statistics.md).

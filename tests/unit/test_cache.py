@@ -128,9 +128,9 @@ def test_slim_pod_and_job_keep_what_load_jobs_and_the_guard_read():
     pods = {"canary": [pod("canary")], "control": [pod("control", ip="10.0.0.8"), pod("control", name="x", ready=False)]}
     slim = {r: [cache.slim_pod(p) for p in ps] for r, ps in pods.items()}
     assert "volumes" not in slim["canary"][0]["spec"] and "managedFields" not in slim["canary"][0]["metadata"]
-    assert loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim, 1, T_JOBS, T_JOBS) == \
-        loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, pods, 1, T_JOBS, T_JOBS)
-    assert len(loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim, 1, T_JOBS, T_JOBS)) == 2
+    assert loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim, T_JOBS, T_JOBS) == \
+        loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, pods, T_JOBS, T_JOBS)
+    assert len(loadjobs.step_jobs(spec, POLICY, "team-a", 0, 1, 8, slim, T_JOBS, T_JOBS)) == 2
     j = cache.slim_job(job())
     assert "spec" not in j and j["status"] == {"active": 1, "startTime": "2026-12-01T08:00:01Z", "conditions": []}
     # which load Jobs run: Job status.ready survives the slimming, and only the current run counts

@@ -57,7 +57,7 @@ def test_step_jobs_carry_the_policys_resources():
                 "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]},
                 "status": {"podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}}
 
-    jobs = loadjobs.step_jobs(spec, policy, "ns", 0, 1, 1, {r: [pod(f"{r}-0", r)] for r in b.ROLES}, 1, T_JOBS, T_JOBS)
+    jobs = loadjobs.step_jobs(spec, policy, "ns", 0, 1, 1, {r: [pod(f"{r}-0", r)] for r in b.ROLES}, T_JOBS, T_JOBS)
     assert len(jobs) == 2
     for j in jobs:
         assert j["spec"]["template"]["spec"]["containers"][0]["resources"] == {

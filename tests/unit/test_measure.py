@@ -129,25 +129,25 @@ def test_guard_jobs_drive_a_ready_pod_of_the_promoted_template_and_the_control()
 
 def test_load_job_names_carry_the_run_not_the_generation():
     pods = {"canary": [_pod("k", "127.0.2.1")], "control": [_pod("c", "127.0.2.2")]}
-    first = load_jobs(_spec(), POLICY, "ns", 0, 1, 4, pods, 1, T_JOBS, T_JOBS)
+    first = load_jobs(_spec(), POLICY, "ns", 0, 1, 4, pods, T_JOBS, T_JOBS)
     paused = {**POLICY, "metadata": {**POLICY["metadata"], "generation": 9}}    # pause/resume bumps it
-    same = load_jobs(_spec(), paused, "ns", 0, 1, 4, pods, 1, T_JOBS, T_JOBS)
+    same = load_jobs(_spec(), paused, "ns", 0, 1, 4, pods, T_JOBS, T_JOBS)
     assert [j["metadata"]["name"] for j in first] == [j["metadata"]["name"] for j in same]
-    again = load_jobs(_spec(), POLICY, "ns", 0, 2, 4, pods, 1, T_JOBS, T_JOBS)
+    again = load_jobs(_spec(), POLICY, "ns", 0, 2, 4, pods, T_JOBS, T_JOBS)
     assert not {j["metadata"]["name"] for j in first} & {j["metadata"]["name"] for j in again}
 
 
 def test_config_map_prompts_reach_the_load_generator():
     spec = _spec(prompts={"configMapRef": {"name": "team-prompts", "key": "chat.jsonl"}})
     pods = {"canary": [_pod("k", "127.0.2.1")], "control": [_pod("c", "127.0.2.2")]}
-    for job in load_jobs(spec, POLICY, "ns", 0, 1, 4, pods, 1, T_JOBS, T_JOBS):
+    for job in load_jobs(spec, POLICY, "ns", 0, 1, 4, pods, T_JOBS, T_JOBS):
         pod = job["spec"]["template"]["spec"]
         c = pod["containers"][0]
         assert c["args"][c["args"].index("--prompts") + 1] == "/etc/lookahead/prompts/chat.jsonl"
         assert pod["volumes"] == [{"name": "prompts", "configMap": {
             "name": "team-prompts", "items": [{"key": "chat.jsonl", "path": "chat.jsonl"}]}}]
         assert c["volumeMounts"][0]["mountPath"] == "/etc/lookahead/prompts"
-    builtin = load_jobs(_spec(prompts={"builtin": "code"}), POLICY, "ns", 0, 1, 4, pods, 1, T_JOBS, T_JOBS)[0]
+    builtin = load_jobs(_spec(prompts={"builtin": "code"}), POLICY, "ns", 0, 1, 4, pods, T_JOBS, T_JOBS)[0]
     args = builtin["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--prompts") + 1] == "code" and "volumes" not in builtin["spec"]["template"]["spec"]
 
@@ -156,7 +156,7 @@ def test_config_map_prompts_reach_the_load_generator():
 def test_derived_names_fit_whatever_the_policy_name(name):
     pods = {"canary": [_pod("k", "127.0.2.1")], "control": [_pod("c", "127.0.2.2")]}
     policy = {"metadata": {"name": name, "namespace": "n" * 63, "uid": "u"}}
-    for job in load_jobs(_spec(), policy, "ns", 31, 12345, 4, pods, 1, T_JOBS, T_JOBS):
+    for job in load_jobs(_spec(), policy, "ns", 31, 12345, 4, pods, T_JOBS, T_JOBS):
         assert len(job["metadata"]["name"]) <= 63
         assert all(len(v) <= 63 for v in job["metadata"]["labels"].values())
 

@@ -194,6 +194,8 @@ def test_measuring_walks_steps_records_rows_and_asks_to_look_at_the_next_sample(
     plan, w = run(w)
     load = [a for a in plan.actions if a.kind == K.ENSURE_LOAD]
     assert load and load[0].step == 0 and load[0].batch_size == 1
+    assert load[0].until == sm.step_deadline(SPEC, 2, 0, w.status.progress.measuring_since), \
+        "the load Jobs last as long as the state machine lets the step measure"
     assert plan.requeue_after == SPEC.analysis.sample_interval.total_seconds()
     plan, w2 = run(replace(w, step=sm.StepMeasurement(row(1, "Pending"), False)))
     assert w2.status.progress.step == 0 and w2.status.batches[0].verdict == "Pending"
@@ -311,10 +313,11 @@ def test_step_load_is_both_roles_or_neither_and_lasts_as_long_as_the_step_may_me
                            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
     policy = {"metadata": {"name": "chat-fleet", "namespace": "inference", "uid": "u"}}
-    one = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary", False)], "control": [pod("control")]}, 2, T0, T0)
+    one = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, {"canary": [pod("canary", False)], "control": [pod("control")]}, T0, T0)
     assert one == [], "the control alone would be driven while the canary sits idle"
     pods = {"canary": [pod("canary")], "control": [pod("control")]}
-    both = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, pods, 2, T0, T0 + timedelta(seconds=60))
+    both = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, pods, sm.step_deadline(SPEC, 2, 0, T0),
+                              T0 + timedelta(seconds=60))
     assert len(both) == 2
     budget = int((sm.step_deadline(SPEC, 2, 0, T0) - T0).total_seconds()) - 60
     assert budget > STEP.total_seconds()
@@ -322,7 +325,7 @@ def test_step_load_is_both_roles_or_neither_and_lasts_as_long_as_the_step_may_me
         args = job["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--step-duration") + 1] == f"{budget}s", \
             "a step measures on past stepDuration when unclear: its load must still run"
-    late = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, pods, 2, T0, T0 + DEADLINE)
+    late = loadjobs.step_jobs(SPEC, policy, "serving", 0, 1, 8, pods, sm.step_deadline(SPEC, 2, 0, T0), T0 + DEADLINE)
     args = late[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--step-duration") + 1] == f"{int(STEP.total_seconds())}s", \
         "a step always gets its own stepDuration of load"
