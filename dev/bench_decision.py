@@ -121,8 +121,8 @@ HORIZON = max(KAYENTA_LOOKS[-1], FLAGGER_TICK * (FLAGGER_ITERATIONS + 2 + max(FL
 # ours, as the operator runs it: a step still Pending at stepDuration measures on to the end of its
 # equal share of the deadline counted from the start of measuring (statemachine.step_deadline: its
 # share and what the steps before it left), and never less than its own stepDuration; the analysis
-# deadline ends everything. ours_one_step stops every step at
-# stepDuration (18 windows), for comparison.
+# deadline ends everything. ours_one_step stops every step at stepDuration (18 windows), for
+# comparison.
 _EPOCH = datetime(2026, 1, 1)  # the clocks below are seconds since measuring began
 DEADLINE_S = _DEFAULTS.analysis.deadline.total_seconds()
 WARMUP_S = _DEFAULTS.load.warmup.total_seconds()

@@ -14,9 +14,7 @@ import pytest
 from lookahead_operator import actions, api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
 from lookahead_operator.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
 
-from datetime import datetime as _dt, timezone as _tz
-
-T_JOBS = _dt(2026, 12, 1, tzinfo=_tz.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
+T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
 POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
           "metadata": {"name": "bench", "namespace": "team-a", "uid": "u-1", "generation": 2}}

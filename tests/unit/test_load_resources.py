@@ -4,6 +4,8 @@ small requests: the default 250m per generator would leave most of them Pending)
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 from pydantic import ValidationError
 
@@ -11,9 +13,7 @@ from lookahead_operator import builders as b
 from lookahead_operator import loadjobs
 from lookahead_operator.models import LoadResources, LoadSpec, LookaheadPolicySpec
 
-from datetime import datetime as _dt, timezone as _tz
-
-T_JOBS = _dt(2026, 12, 1, tzinfo=_tz.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
+T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
 
 def test_defaults_are_the_documented_ones_and_what_a_job_gets_without_a_spec():

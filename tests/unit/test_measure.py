@@ -3,7 +3,7 @@ and decides the same), and the load Jobs the measurement drives."""
 
 import json
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
@@ -17,9 +17,7 @@ from lookahead_operator.measure import thresholds, verdict_from_row
 from lookahead_operator.models import BatchResult, LookaheadPolicySpec, LookaheadPolicyStatus
 from lookahead_operator.statistics import SequentialComparison, Thresholds
 
-from datetime import datetime as _dt, timezone as _tz
-
-T_JOBS = _dt(2026, 12, 1, tzinfo=_tz.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
+T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
 TH = Thresholds(min_latency_improvement=0.05, max_throughput_regression=0.02, confidence=0.99, min_samples=5)
 
