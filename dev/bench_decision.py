@@ -91,11 +91,11 @@ from scipy import signal, special
 
 from lookahead_canary.simulator import RooflineSimulator, SimConfig
 
-from lookahead_operator.decision import BatchOutcome, BatchVerdict
-from lookahead_operator.measure import METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
-from lookahead_operator.models import LookaheadPolicySpec
-from lookahead_operator.statemachine import step_deadline
-from lookahead_operator.statistics import (PairedComparison, Thresholds, log_ratio_confidence_sequence,
+from lookahead_operator.measurement.decision import BatchOutcome, BatchVerdict
+from lookahead_operator.measurement.measure import METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
+from lookahead_operator.api.models import LookaheadPolicySpec
+from lookahead_operator.controller.statemachine import step_deadline
+from lookahead_operator.measurement.statistics import (PairedComparison, Thresholds, log_ratio_confidence_sequence,
                          paired_log_confidence_sequence, paired_ratio_confidence_sequence)
 
 # the CRD's defaults

@@ -54,7 +54,7 @@ def load_prompts(name: str) -> list[dict]:
 
 
 def machine_description() -> dict:
-    from lookahead_operator.analyze import machine
+    from lookahead_operator.cli.analyze import machine
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {
@@ -116,7 +116,7 @@ def run_method(dec, prompts: list[tuple[list[int], int]], batch_size: int, on_st
 def served_tpot(requests) -> tuple[float, int]:
     """Per-token latency as a client of the server sees it, in ms (`analyze.pooled_per_token_s`:
     vLLM's TPOT pooled over the requests), and the completion tokens."""
-    from lookahead_operator.analyze import pooled_per_token_s
+    from lookahead_operator.cli.analyze import pooled_per_token_s
 
     s = pooled_per_token_s(requests)
     return (1000.0 * s if s else float("nan")), sum(r.completion_tokens or 0 for r in requests if r.ok)
@@ -134,7 +134,7 @@ class ServedPair:
     def __init__(self, model: str, la_kw: dict, rows: list[dict], max_tokens: int | None, num_prompts: int,
                  threads: int, log) -> None:
         from lookahead_canary import loadgen
-        from lookahead_operator.analyze import EngineProcess
+        from lookahead_operator.cli.analyze import EngineProcess
 
         self.prompts = [loadgen.Prompt(messages=tuple(r["messages"]) if "messages" in r else None,
                                        prompt=None if "messages" in r else r["prompt"],

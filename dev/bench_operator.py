@@ -228,7 +228,7 @@ def run(policies: int, steady_s: float, poll_s: float, finished: int, probes: in
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "LOOKAHEAD_POLL_SECONDS": str(poll_s),
                "LOOKAHEAD_METRICS_PORT": str(free_port()), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1"}
         log = stack.enter_context(open(state / "operator.log", "wb"))
-        kopf_args = ["run", "--standalone", "--all-namespaces", "-m", "lookahead_operator.handlers"]
+        kopf_args = ["run", "--standalone", "--all-namespaces", "-m", "lookahead_operator.runtime.handlers"]
         if profile is not None and trace_memory:
             argv = [sys.executable, "-c", _TRACEMALLOC, str(profile / f"memory-{policies}.txt"), *kopf_args]
         else:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from lookahead_operator import models
+from lookahead_operator.api import models
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CRD_PATH = REPO_ROOT / "crds" / "lookaheadpolicies.yaml"

@@ -68,8 +68,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
-from lookahead_operator import builders, engines, fleet
-from lookahead_operator.api import (
+from lookahead_operator.controller import builders
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.controller import fleet
+from lookahead_operator.api.names import (
     ANNOTATION_ORIGINAL_TEMPLATE,
     ANNOTATION_OWNER,
     ANNOTATION_PROMOTED,
@@ -87,7 +89,7 @@ from lookahead_operator.api import (
     ROLES,
     VERSION,
 )
-from lookahead_operator.models import (
+from lookahead_operator.api.models import (
     TERMINAL_PHASES,
     BatchVerdict,
     Decision,
@@ -271,7 +273,7 @@ def _expected_promoted(original_json: str, spec_json: str, decision_json: str, n
 
 
 def _promotion_regime(decision: Mapping) -> int | None:
-    from lookahead_operator.measure import promotion_regime  # the operator's own reading of the decision
+    from lookahead_operator.measurement.measure import promotion_regime  # the operator's own reading of the decision
 
     return promotion_regime(LookaheadPolicyStatus(decision=Decision.model_validate(dict(decision))))
 

@@ -211,7 +211,7 @@ pack() {  # pack <image> <name> <ocipack args...>
   echo "  $img: $name -> $out/$img.oci.tar ($(du -h "$out/$img.oci.tar" | cut -f1)) in $(($(date +%s) - t0)) s"
 }
 pack operator "$REPO_NAME:$VERSION" \
-  --cmd '["kopf", "run", "--standalone", "--all-namespaces", "-m", "lookahead_operator.handlers"]' \
+  --cmd '["kopf", "run", "--standalone", "--all-namespaces", "-m", "lookahead_operator.runtime.handlers"]' \
   --label org.opencontainers.image.title=lookahead-operator --expose 8080/tcp --expose 9100/tcp
 pack engine "$REPO_NAME-engine:$VERSION" \
   --cmd '["lookahead-engine", "--host", "0.0.0.0", "--port", "8000", "--backend", "simulate"]' \

@@ -1,12 +1,12 @@
-"""The operator (`kopf run -m lookahead_operator.handlers ...`, the arguments given) with one
+"""The operator (`kopf run -m lookahead_operator.runtime.handlers ...`, the arguments given) with one
 test-side fault point: with ``LOOKAHEAD_TEST_DIE_MID_WAVE`` set to a file path, the process
 SIGKILLs itself right after the first target of a wave of two or more is written (promotion
 is a whole-object PUT, ``Kube.replace_deployment``; a merge patch is counted too), before the
 next one -- the instant no timer-driven kill can be sure to hit. It writes the path first, so the
 test knows the fault fired. Nothing here is imported by the operator itself; the wrapper patches
-``lookahead_operator.kube.Kube``'s two Deployment writes in this process only.
+``lookahead_operator.kube.client.Kube``'s two Deployment writes in this process only.
 
-    python -m tests.e2e.chaos_operator run --standalone --all-namespaces -m lookahead_operator.handlers
+    python -m tests.e2e.chaos_operator run --standalone --all-namespaces -m lookahead_operator.runtime.handlers
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from pathlib import Path
 
 
 def _install(marker: Path) -> None:
-    from lookahead_operator import actions, api, kube
+    from lookahead_operator.controller import actions
+    from lookahead_operator.api import names as api
+    from lookahead_operator.kube import client as kube
 
     state = threading.local()
     promote = actions.ACTIONS[actions.sm.ActionKind.PROMOTE]

@@ -60,7 +60,7 @@ class OperatorProcess:
                "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         entry = [str(Path(__file__).with_name("chaos_operator.py"))] if chaos else ["-m", "kopf"]
         self.proc = process.start([sys.executable, *entry, "run", "--standalone", "--all-namespaces", "-m",
-                                   "lookahead_operator.handlers"], self.log_dir / f"operator-{self.starts}.log",
+                                   "lookahead_operator.runtime.handlers"], self.log_dir / f"operator-{self.starts}.log",
                                   env=env, cwd=REPO)
 
     def alive(self) -> bool:

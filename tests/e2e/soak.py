@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
-from lookahead_operator import builders as b
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.controller import builders as b
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (BAD_GPU, GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, get_policy,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from lookahead_operator import builders as b
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.controller import builders as b
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (

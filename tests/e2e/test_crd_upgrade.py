@@ -16,7 +16,7 @@ import copy
 import pytest
 from kubernetes import client
 
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, events_of, get_policy, policy, wait_phase

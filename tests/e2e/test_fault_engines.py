@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lookahead_operator import builders as b
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.controller import builders as b
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from lookahead_operator import builders as b
+from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (

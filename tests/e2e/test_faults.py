@@ -25,8 +25,8 @@ from datetime import datetime
 
 import pytest
 
-from lookahead_operator import builders as b
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.controller import builders as b
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import free_port, wait_for
 
 from .test_lifecycle import (
@@ -319,7 +319,7 @@ def subprocess_run(args: list[str], kubeconfig: str) -> None:
     from .conftest import REPO
 
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    out = subprocess.run([sys.executable, "-m", "lookahead_operator.cli", *args], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-m", "lookahead_operator.cli.main", *args], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 

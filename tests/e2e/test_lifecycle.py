@@ -11,7 +11,7 @@ import json
 import pytest
 from kubernetes import client
 
-from lookahead_operator import builders as b
+from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import image_name
 

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from lookahead_operator import builders as b
+from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

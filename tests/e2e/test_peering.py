@@ -13,8 +13,8 @@ import time
 import pytest
 from kubernetes import client
 
-from lookahead_operator.handlers import peering_priority
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.runtime.handlers import peering_priority
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .conftest import OperatorPod

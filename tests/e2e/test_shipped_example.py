@@ -29,9 +29,9 @@ import yaml
 from kubernetes import client
 
 from lookahead_canary.simulator import RooflineSimulator
-from lookahead_operator import builders as b
+from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
-from lookahead_operator.models import LookaheadPolicy
+from lookahead_operator.api.models import LookaheadPolicy
 
 from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, events_of, get_policy, no_leftovers, sanitized
 

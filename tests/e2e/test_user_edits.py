@@ -31,8 +31,8 @@ import json
 import pytest
 from kubernetes import client
 
-from lookahead_operator import builders as b
-from lookahead_operator.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.controller import builders as b
+from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .test_lifecycle import (
@@ -58,7 +58,7 @@ EDITED, SCALED = f"{NS}/chat-b", f"{NS}/chat-a"
 def target_annotations() -> tuple[str, ...]:
     """Every annotation the operator puts on a target (from the user-edit rule's builders)."""
     names = getattr(b, "TARGET_ANNOTATIONS", None)
-    assert names, ("lookahead_operator.builders.TARGET_ANNOTATIONS is missing: the user-edit rule "
+    assert names, ("lookahead_operator.controller.builders.TARGET_ANNOTATIONS is missing: the user-edit rule "
                    "(parked patch D: builders.user_edited, ANNOTATION_PROMOTED_TEMPLATE) is not applied")
     return tuple(names)
 

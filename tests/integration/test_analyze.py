@@ -33,7 +33,7 @@ def test_analyze_end_to_end_on_the_simulator(tmp_path: Path):
     # (rounds, pairs, decision, report) in under 90 s; --interval only sets the load generator's
     # own records.
     proc = subprocess.run(
-        [sys.executable, "-m", "lookahead_operator.cli", "analyze", "--backend", "simulate",
+        [sys.executable, "-m", "lookahead_operator.cli.main", "analyze", "--backend", "simulate",
          "--prompts", str(prompts), "--batch-sizes", "1,16", "--budget", "40s", "--round", "3s",
          "--interval", "1s", "--out", str(out), "--json"],
         capture_output=True, text=True, timeout=120)
@@ -89,7 +89,7 @@ def test_analyze_end_to_end_on_the_simulator(tmp_path: Path):
 
 
 def test_analyze_rejects_bad_input(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "lookahead_operator.cli", "analyze", "--backend", "simulate",
+    proc = subprocess.run([sys.executable, "-m", "lookahead_operator.cli.main", "analyze", "--backend", "simulate",
                            "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0

@@ -98,7 +98,7 @@ def test_rendered_objects(helm):
     dep = docs["Deployment"][0]
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["command"][:5] == ["kopf", "run", "-m", "lookahead_operator.handlers", "--all-namespaces"]
+    assert c["command"][:5] == ["kopf", "run", "-m", "lookahead_operator.runtime.handlers", "--all-namespaces"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in c["command"] and "--standalone" in c["command"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8080, "metrics": 9100}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}

@@ -18,8 +18,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from lookahead_operator import models
-from lookahead_operator.models import LookaheadPolicy, LookaheadPolicySpec, LookaheadPolicyStatus
+from lookahead_operator.api import models
+from lookahead_operator.api.models import LookaheadPolicy, LookaheadPolicySpec, LookaheadPolicyStatus
 
 pytestmark = pytest.mark.integration
 
@@ -401,7 +401,7 @@ def test_example_fleet_applies_and_the_example_policy_selects_its_reference_depl
     example policy's selectors pick exactly the reference-engine Deployment in it."""
     from kubernetes.dynamic import DynamicClient
 
-    from lookahead_operator.engines import detect_engine
+    from lookahead_operator.engines.adapters import detect_engine
 
     docs = [d for d in yaml.safe_load_all((REPO / "examples" / "fleet-deployment.yaml").read_text()) if d]
     dyn = DynamicClient(kube_api)
@@ -435,8 +435,8 @@ def _strip_none(x):
 def test_status_written_by_the_decision_code_is_stored_unpruned(objects, namespace):
     """The rows and the decision the analysis code produces fit the CRD's status schema exactly:
     nothing is refused and nothing silently pruned (a schema drift would lose evidence)."""
-    from lookahead_operator.decision import BatchVerdict, decide
-    from lookahead_operator.statistics import ComparisonResult, Direction, Thresholds, Verdict
+    from lookahead_operator.measurement.decision import BatchVerdict, decide
+    from lookahead_operator.measurement.statistics import ComparisonResult, Direction, Thresholds, Verdict
 
     th = Thresholds(min_latency_improvement=0.05, max_throughput_regression=0.02, confidence=0.99)
 

@@ -16,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.invariants import InvariantWatcher
-from lookahead_operator import api
+from lookahead_operator.api import names as api
 
 pytestmark = pytest.mark.integration
 

@@ -203,8 +203,10 @@ def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_
     """The canary the operator renders from the shell-form fleet above (its flags edited into the
     `sh -c` script, the script then run by a real shell in a real container) serves, as PID 1, with
     the lookahead flags, and actually speculates; the control renders without them."""
-    from lookahead_operator import actions, builders, engines
-    from lookahead_operator.models import LookaheadPolicy
+    from lookahead_operator.controller import actions
+    from lookahead_operator.controller import builders
+    from lookahead_operator.engines import adapters as engines
+    from lookahead_operator.api.models import LookaheadPolicy
 
     api = env["api"]
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
@@ -297,7 +299,7 @@ def test_operator_and_loadgen_images_run_as_the_chart_runs_them(env):
                       "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
     pods = {
         "operator": (image_name("operator"),
-                     ["/bin/sh", "-c", "kopf --version && python3 -c 'import lookahead_operator.handlers, "
+                     ["/bin/sh", "-c", "kopf --version && python3 -c 'import lookahead_operator.runtime.handlers, "
                       "lookahead_canary.loadgen; print(\"imports ok\")'"], "imports ok"),
         "loadgen": (image_name("loadgen"), ["lookahead-loadgen", "--help"], "usage"),
     }

@@ -21,10 +21,10 @@ import pytest
 
 from lookahead_canary import loadgen
 from lookahead_canary.loadgen import Prompt
-from lookahead_operator import observations as obs
-from lookahead_operator.analyze import EngineProcess, metrics_delta, scrape_metrics
-from lookahead_operator.engines import metric_names
-from lookahead_operator.observations import State
+from lookahead_operator.measurement import prometheus as obs
+from lookahead_operator.cli.analyze import EngineProcess, metrics_delta, scrape_metrics
+from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.measurement.prometheus import State
 
 pytestmark = pytest.mark.integration
 

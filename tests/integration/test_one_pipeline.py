@@ -43,10 +43,11 @@ import pytest
 
 from lookahead_canary import loadgen
 from lookahead_canary.loadgen import Prompt
-from lookahead_operator import measure, observations
-from lookahead_operator.analyze import EngineProcess
-from lookahead_operator.engines import metric_names
-from lookahead_operator.statistics import Thresholds
+from lookahead_operator.measurement import measure
+from lookahead_operator.measurement import prometheus as observations
+from lookahead_operator.cli.analyze import EngineProcess
+from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.measurement.statistics import Thresholds
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from lookahead_operator import plugin
+from lookahead_operator.cli import plugin
 from lookahead_dev.devcluster import free_port
 
 from .test_crd import install_crd
@@ -96,7 +96,7 @@ def cli(tmp_path: Path, *args: str, kubeconfig: Path | str | None = None,
     if kubeconfig is not None:
         base["KUBECONFIG"] = str(kubeconfig)
     base.update(env or {})
-    return subprocess.run([sys.executable, "-m", "lookahead_operator.cli", *args], cwd=tmp_path, env=base,
+    return subprocess.run([sys.executable, "-m", "lookahead_operator.cli.main", *args], cwd=tmp_path, env=base,
                           capture_output=True, text=True, timeout=60)
 
 

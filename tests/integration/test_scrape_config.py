@@ -49,12 +49,14 @@ import pytest
 import yaml
 
 from lookahead_dev.devcluster import documented_scrape_job, prometheus_binary
-from lookahead_operator import builders, measure, observations
-from lookahead_operator import statemachine as sm
-from lookahead_operator.analyze import metrics_delta
-from lookahead_operator.engines import metric_names
-from lookahead_operator.models import LookaheadPolicySpec
-from lookahead_operator.observations import State
+from lookahead_operator.controller import builders
+from lookahead_operator.measurement import measure
+from lookahead_operator.measurement import prometheus as observations
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.cli.analyze import metrics_delta
+from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.api.models import LookaheadPolicySpec
+from lookahead_operator.measurement.prometheus import State
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,11 @@ import pytest
 
 from lookahead_canary.loadgen import ClientHealth, RequestResult, StepResult
 from lookahead_canary.metrics import PER_TOKEN_BUCKETS
-from lookahead_operator import analyze, measure, observations
-from lookahead_operator.engines import metric_names
-from lookahead_operator.statistics import Verdict
+from lookahead_operator.cli import analyze
+from lookahead_operator.measurement import measure
+from lookahead_operator.measurement import prometheus as observations
+from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.measurement.statistics import Verdict
 
 M = metric_names("reference")
 
@@ -169,7 +171,7 @@ def test_the_split_confidence_is_the_operators():
 
 def test_an_engine_without_readable_metrics_stops_analyze_with_the_reason():
     """No client-side fallback: analyze decides on the engine's counters or not at all."""
-    from lookahead_operator.analyze import free_port
+    from lookahead_operator.cli.analyze import free_port
 
     url = f"http://127.0.0.1:{free_port()}"   # nothing listens there
     with pytest.raises(analyze.AnalyzeError, match="cannot read the canary engine's metrics"):

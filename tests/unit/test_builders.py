@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lookahead_operator import builders as b
+from lookahead_operator.controller import builders as b
 
 POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
           "metadata": {"name": "chat-fleet", "namespace": "inference", "uid": "u-1", "generation": 3}}

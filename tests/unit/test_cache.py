@@ -11,8 +11,17 @@ from datetime import datetime, timezone
 
 import pytest
 
-from lookahead_operator import actions, api, builders as b, cache, fleet, handlers, kube, loadjobs, measure, observe
-from lookahead_operator.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
+from lookahead_operator.controller import actions
+from lookahead_operator.api import names as api
+from lookahead_operator.controller import builders as b
+from lookahead_operator.kube import cache
+from lookahead_operator.controller import fleet
+from lookahead_operator.runtime import handlers
+from lookahead_operator.kube import client as kube
+from lookahead_operator.controller import loadjobs
+from lookahead_operator.measurement import measure
+from lookahead_operator.controller import observe
+from lookahead_operator.api.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
 
 T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
@@ -421,8 +430,8 @@ def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
     """``observe.guard_fleet_pods``: in Promoting and Guarding one list call reads the pods of the
     target promoted last (not one left to its user); the guard's Jobs are built from that list and
     a guard Job whose pod is not in it drives nothing (``gone_load_targets``)."""
-    from lookahead_operator import statemachine as sm
-    from lookahead_operator.models import Phase
+    from lookahead_operator.controller import statemachine as sm
+    from lookahead_operator.api.models import Phase
 
     class Reads:
         def __init__(self):

@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from lookahead_dev import crdgen
-from lookahead_operator import models
+from lookahead_operator.api import models
 
 
 def test_committed_crd_is_fresh():

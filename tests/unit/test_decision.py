@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from lookahead_operator.decision import Action, BatchOutcome, BatchVerdict, Decision, decide
-from lookahead_operator.preflight import Preflight, PreflightVerdict
-from lookahead_operator.statistics import (ComparisonResult, Direction, PairedComparison, SequentialComparison,
+from lookahead_operator.measurement.decision import Action, BatchOutcome, BatchVerdict, Decision, decide
+from lookahead_operator.measurement.preflight import Preflight, PreflightVerdict
+from lookahead_operator.measurement.statistics import (ComparisonResult, Direction, PairedComparison, SequentialComparison,
                                            Thresholds, Verdict, compare_tail_latency)
 
 TH = Thresholds(min_latency_improvement=0.05, max_throughput_regression=0.02, confidence=0.99)

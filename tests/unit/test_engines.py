@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lookahead_operator import engines
-from lookahead_operator.engines import (
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.engines.adapters import (
     EngineError,
     detect_engine,
     metric_names,
@@ -383,7 +383,7 @@ def test_spec_accepts_snake_case_and_objects():
 
 
 def test_spec_from_the_pydantic_model():
-    from lookahead_operator.models import LookaheadConfig
+    from lookahead_operator.api.models import LookaheadConfig
 
     cfg = LookaheadConfig.model_validate({"method": "ngram_gpu", "numSpeculativeTokens": 3, "engineVersion": "0.24.0"})
     p = engines.lookahead_params(cfg)
@@ -447,7 +447,7 @@ def test_regime_config():
 
 
 def test_reference_jacobi_with_prompt_lookup_seeding():
-    from lookahead_operator.engines import reference_speculative_config
+    from lookahead_operator.engines.adapters import reference_speculative_config
     cfg = json.loads(reference_speculative_config({"method": "jacobi", "window": 3, "ngram": 4, "guessSet": 2,
                                                    "promptLookupTokens": 24}))
     assert cfg == {"method": "jacobi", "window": 3, "ngram": 4, "guess_set": 2, "prompt_lookup_tokens": 24,

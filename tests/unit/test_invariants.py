@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from lookahead_dev import invariants as inv
-from lookahead_operator import builders as b
-from lookahead_operator import engines
-from lookahead_operator import statemachine as sm
-from lookahead_operator.measure import promotion_regime
-from lookahead_operator.models import (
+from lookahead_operator.controller import builders as b
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.measurement.measure import promotion_regime
+from lookahead_operator.api.models import (
     TERMINAL_PHASES,
     Decision,
     LookaheadPolicy,
@@ -410,7 +410,7 @@ def test_real_reconcile_transitions_are_allowed(phase):
 
 
 def test_happy_path_of_the_real_state_machine_is_allowed():
-    from lookahead_operator.models import BatchResult, PreflightStatus
+    from lookahead_operator.api.models import BatchResult, PreflightStatus
 
     w = world(LookaheadPolicyStatus(), targets=[sm.Target(NS, "a", "reference")])
     phases = [w.status.phase]

@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 import pytest
 from pydantic import ValidationError
 
-from lookahead_operator import builders as b
-from lookahead_operator import loadjobs
-from lookahead_operator.models import LoadResources, LoadSpec, LookaheadPolicySpec
+from lookahead_operator.controller import builders as b
+from lookahead_operator.controller import loadjobs
+from lookahead_operator.api.models import LoadResources, LoadSpec, LookaheadPolicySpec
 
 T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 

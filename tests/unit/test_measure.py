@@ -8,14 +8,14 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from lookahead_operator import statemachine as sm
-from lookahead_operator.decision import BatchVerdict, decide
-from lookahead_operator.fleet import newest_promoted
-from lookahead_operator.loadjobs import guard_jobs
-from lookahead_operator.loadjobs import step_jobs as load_jobs
-from lookahead_operator.measure import thresholds, verdict_from_row
-from lookahead_operator.models import BatchResult, LookaheadPolicySpec, LookaheadPolicyStatus
-from lookahead_operator.statistics import SequentialComparison, Thresholds
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.measurement.decision import BatchVerdict, decide
+from lookahead_operator.controller.fleet import newest_promoted
+from lookahead_operator.controller.loadjobs import guard_jobs
+from lookahead_operator.controller.loadjobs import step_jobs as load_jobs
+from lookahead_operator.measurement.measure import thresholds, verdict_from_row
+from lookahead_operator.api.models import BatchResult, LookaheadPolicySpec, LookaheadPolicyStatus
+from lookahead_operator.measurement.statistics import SequentialComparison, Thresholds
 
 T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
@@ -165,10 +165,11 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from lookahead_canary.metrics import PER_TOKEN_BUCKETS
-from lookahead_operator import measure, observations
-from lookahead_operator.decision import BatchOutcome
-from lookahead_operator.engines import metric_names
-from lookahead_operator.models import Progress, TargetStatus
+from lookahead_operator.measurement import measure
+from lookahead_operator.measurement import prometheus as observations
+from lookahead_operator.measurement.decision import BatchOutcome
+from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.api.models import Progress, TargetStatus
 
 REF = metric_names("reference")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -340,7 +341,7 @@ def _counter(store, labels, rate, start, seconds, rng):
 
 
 def _guard_status(action, leg):
-    from lookahead_operator.models import Decision
+    from lookahead_operator.api.models import Decision
 
     regime = [{"start": 1, "end": 4, "enabled": True}, {"start": 5, "end": 256, "enabled": False}]
     rows = [BatchResult(batch_size=b, verdict=v, samples={"control": 18, "canary": 18})
@@ -402,7 +403,7 @@ def test_a_scrape_gap_in_one_role_leaves_that_window_out_of_the_pairs_instead_of
     and every later pair is still window i of the control with window i of the canary. Before,
     each role's list dropped the gap on its own and the lists were zipped by position: from
     window 1 on, the control's window i + 1 was compared with the canary's window i."""
-    from lookahead_operator.statistics import PairedComparison
+    from lookahead_operator.measurement.statistics import PairedComparison
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""The window arithmetic of lookahead_operator.observations, on in-memory series.
+"""The window arithmetic of lookahead_operator.measurement.prometheus, on in-memory series.
 
 ``SeriesStore`` answers the two query shapes the module sends (``metric{sel}[Ns]`` at a time, and
 ``min(timestamp(metric{sel}))``) from Python lists, so the reset / baseline / not-yet-scraped rules
@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from lookahead_operator import observations as obs
-from lookahead_operator.engines import metric_names
-from lookahead_operator.observations import Measured, State
+from lookahead_operator.measurement import prometheus as obs
+from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.measurement.prometheus import Measured, State
 
 V = metric_names("vllm")
 SEL = {"lookahead_dev_role": "canary", "lookahead_dev_policy": "p"}
@@ -262,7 +262,7 @@ def test_fleet_signals_with_and_without_dcgm():
     assert f.preflight_signals()["gr_engine_active"] == pytest.approx(0.95)
     assert any("kernel residency" in n for n in f.notes)
 
-    from lookahead_operator.preflight import preflight
+    from lookahead_operator.measurement.preflight import preflight
     p = preflight(f.preflight_signals())
     assert p.candidate
 
@@ -295,7 +295,7 @@ def test_fleet_signals_match_dcgm_series_scraped_with_honor_labels_false():
     assert f.dram_active.value == pytest.approx((0.72 + 0.36) / 2)
     assert f.gr_engine_active.value == pytest.approx((0.9 + 0.45) / 2)
     assert f.sm_active.state is State.MISSING and f.sm_occupancy.state is State.MISSING
-    from lookahead_operator.preflight import PreflightVerdict, preflight
+    from lookahead_operator.measurement.preflight import PreflightVerdict, preflight
     p = preflight(f.preflight_signals())
     assert p.verdict is PreflightVerdict.DECODE_BOUND_IDLE_COMPUTE
 
@@ -407,7 +407,7 @@ def test_parse_exposition_reads_the_reference_engines_counters_and_per_token_buc
     assert values[R.draft_tokens] == 6 and values[R.accepted_tokens] == 2 and values[R.drafts] == 1
     assert not any(k.endswith("_bucket") for k in values)
     assert buckets[0.015] == 2 and buckets[0.2] == 3 and buckets[math.inf] == 3 and buckets[0.01] == 0
-    from lookahead_operator.report import position_key
+    from lookahead_operator.cli.report import position_key
     assert [values[position_key(R.accepted_per_position, k)] for k in (0, 1)] == [1, 1]
 
 

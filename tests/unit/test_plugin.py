@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from lookahead_operator import plugin
-from lookahead_operator.cli import build_parser
+from lookahead_operator.cli import plugin
+from lookahead_operator.cli.main import build_parser
 
 
 def test_approve_names_the_decision():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lookahead_operator.preflight import (
+from lookahead_operator.measurement.preflight import (
     PreflightThresholds,
     PreflightVerdict as V,
     preflight,

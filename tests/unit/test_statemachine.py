@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lookahead_operator import statemachine as sm
-from lookahead_operator.models import (
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.api.models import (
     BatchResult,
     ConditionType,
     Decision,
@@ -19,7 +19,7 @@ from lookahead_operator.models import (
     Phase,
     PreflightStatus,
 )
-from lookahead_operator.statemachine import ActionKind as K
+from lookahead_operator.controller.statemachine import ActionKind as K
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "chat-fleet.yaml"
@@ -304,7 +304,7 @@ def test_a_replaced_canary_pod_restarts_the_step_on_fresh_load():
 
 
 def test_step_load_is_both_roles_or_neither_and_lasts_as_long_as_the_step_may_measure():
-    from lookahead_operator import loadjobs
+    from lookahead_operator.controller import loadjobs
 
     def pod(role, ready=True):
         return {"metadata": {"name": f"{role}-0", "namespace": "serving"},
@@ -581,7 +581,7 @@ def outage():
 
 
 def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched():
-    from lookahead_operator import measure
+    from lookahead_operator.measurement import measure
 
     w = to_measuring(world())
     seen = []

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lookahead_operator.statistics import (
+from lookahead_operator.measurement.statistics import (
     ComparisonResult,
     Direction,
     PairedComparison,
@@ -215,7 +215,7 @@ def _plat(th=Thresholds()):
 @pytest.mark.parametrize("n", [10, 18, 100, 1000])
 def test_stalling_canary_is_never_better(n):
     """The issue's example, at any number of windows: half the canary's windows produced nothing."""
-    from lookahead_operator.decision import BatchOutcome, BatchVerdict
+    from lookahead_operator.measurement.decision import BatchOutcome, BatchVerdict
 
     tp = _ptp()
     tp.add_pairs([60.0] * n, [100.0, 0.0] * (n // 2))
@@ -466,7 +466,7 @@ def test_one_sided_boundary_is_the_half_normal_mixture_and_matches_scipy():
     """The one-sided bound solves B+_n = 1/alpha for the half-normal mixture (Student's t CDF in
     numpy, checked against SciPy); B+ never reaches 1/alpha on the other side (rho <= 0)."""
     stats = pytest.importorskip("scipy.stats")
-    from lookahead_operator.statistics import PAIRED_EFFECT_PRIOR as c, _one_sided_kappa, _student_t_cdf
+    from lookahead_operator.measurement.statistics import PAIRED_EFFECT_PRIOR as c, _one_sided_kappa, _student_t_cdf
 
     x = np.linspace(-40, 40, 4001)
     for nu in (1, 2, 3, 10, 11, 54, 55, 301):
@@ -632,7 +632,7 @@ def test_one_win_share_suffices_only_because_decide_reads_wins_along_the_run():
     under the win share while a decision that enabled every size claiming Wins (reading them out of
     order) would exceed it. The vectorised steps are checked against the operator's own
     PairedComparison, BatchVerdict and decide() on the first policies."""
-    from lookahead_operator.decision import Action, BatchOutcome, BatchVerdict, decide
+    from lookahead_operator.measurement.decision import Action, BatchOutcome, BatchVerdict, decide
 
     config = [_CLEAR_WIN] + [_ON_THE_LATENCY_LINE] * 8
     th = Thresholds(confidence=0.99).for_family(len(config))
@@ -698,7 +698,7 @@ def test_histogram_quantile_interpolates_like_prometheus():
 
 def test_tail_regression_hidden_behind_a_better_mean_is_worse_and_blocks_promotion():
     """A canary 30% faster on mean per-token latency with a p99 seven times worse is not promoted."""
-    from lookahead_operator.decision import Action, BatchOutcome, BatchVerdict, decide
+    from lookahead_operator.measurement.decision import Action, BatchOutcome, BatchVerdict, decide
 
     rng = np.random.default_rng(41)
     ctrl = 0.020 * rng.lognormal(0, 0.12, 20000)
@@ -734,7 +734,7 @@ def test_equal_tails_are_not_worse_and_small_counts_are_not_enough_data():
     small = compare_tail_latency(_hist(a[:50]), _hist(50 * b[:50]))
     assert small.verdict is Verdict.NOT_ENOUGH_DATA and "observations" in small.note
     d = json.loads(json.dumps(t.to_dict()))
-    from lookahead_operator.statistics import TailComparison
+    from lookahead_operator.measurement.statistics import TailComparison
     assert TailComparison.from_dict(d) == t
 
 

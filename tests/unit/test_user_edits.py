@@ -22,11 +22,12 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from lookahead_dev.invariants import apiserver_defaults
-from lookahead_operator import actions, observe
-from lookahead_operator import builders as b
-from lookahead_operator import statemachine as sm
-from lookahead_operator.models import ConditionType, LookaheadPolicyStatus, Phase, TargetStatus
-from lookahead_operator.statemachine import ActionKind as K
+from lookahead_operator.controller import actions
+from lookahead_operator.controller import observe
+from lookahead_operator.controller import builders as b
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.api.models import ConditionType, LookaheadPolicyStatus, Phase, TargetStatus
+from lookahead_operator.controller.statemachine import ActionKind as K
 
 from .test_statemachine import SPEC, at, cond, kinds, promoting, run, to_measuring, world
 

@@ -8,13 +8,16 @@ from collections import OrderedDict
 from dataclasses import replace
 from datetime import datetime
 
-from . import builders as b
-from . import cache, engines, fleet, measure
-from . import statemachine as sm
-from .actions import role_transform
-from .api import ANNOTATION_ABORT, ANNOTATION_APPROVE
-from .kube import Kube
-from .models import MAX_POLICY_NAME, LookaheadPolicySpec, LookaheadPolicyStatus, Phase
+from lookahead_operator.controller import builders as b
+from lookahead_operator.kube import cache
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.controller import fleet
+from lookahead_operator.measurement import measure
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.controller.actions import role_transform
+from lookahead_operator.api.names import ANNOTATION_ABORT, ANNOTATION_APPROVE
+from lookahead_operator.kube.client import Kube
+from lookahead_operator.api.models import MAX_POLICY_NAME, LookaheadPolicySpec, LookaheadPolicyStatus, Phase
 
 #: statemachine.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
 #: waits on wake it at once, and a pass that finds nothing new reads only the watched caches.

@@ -2,7 +2,7 @@
 
 Nothing here talks to the API server. The handlers call these and send what they return.
 The engine-specific part (which flags turn lookahead on or off) is a callable passed in from
-``lookahead_operator.engines``, so one builder serves vLLM, SGLang and the reference engine.
+``lookahead_operator.engines.adapters``, so one builder serves vLLM, SGLang and the reference engine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import math
 from typing import Callable, Iterable
 
-from .api import (  # noqa: F401 - the names builders put on objects (api.py owns them)
+from lookahead_operator.api.names import (  # noqa: F401 - the names builders put on objects (api.py owns them)
     ANNOTATION_ORIGINAL_TEMPLATE,
     ANNOTATION_OWNER,
     ANNOTATION_PROMOTED,

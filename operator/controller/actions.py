@@ -12,12 +12,16 @@ from dataclasses import dataclass
 
 from kubernetes.client.rest import ApiException
 
-from . import builders as b
-from . import cache, engines, fleet, loadjobs, measure
-from . import statemachine as sm
-from .kube import Kube, api_message
-from .models import LookaheadPolicySpec
-from .statemachine import ActionKind
+from lookahead_operator.controller import builders as b
+from lookahead_operator.kube import cache
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.controller import fleet
+from lookahead_operator.controller import loadjobs
+from lookahead_operator.measurement import measure
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.kube.client import Kube, api_message
+from lookahead_operator.api.models import LookaheadPolicySpec
+from lookahead_operator.controller.statemachine import ActionKind
 
 log = logging.getLogger("lookahead_operator")
 

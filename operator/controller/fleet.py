@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import builders as b
-from . import engines
-from . import statemachine as sm
+from lookahead_operator.controller import builders as b
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.controller import statemachine as sm
 
 
 def target_of(deployment: dict, spec_engine: Any) -> sm.Target:

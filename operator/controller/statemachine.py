@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from . import conditions
-from .conditions import Fact
-from .models import (
+from lookahead_operator.controller import conditions
+from lookahead_operator.controller.conditions import Fact
+from lookahead_operator.api.models import (
     TERMINAL_PHASES,
     BatchResult,
     ConditionType,
@@ -717,7 +717,7 @@ def _deciding(b: _Pass) -> None:
 
 
 def _promoting(b: _Pass) -> None:
-    from .builders import wave_members
+    from lookahead_operator.controller.builders import wave_members
 
     w, spec, p = b.w, b.spec, b.p
     waves = spec.promotion.waves

@@ -37,7 +37,7 @@ redirections) survives byte for byte; a script too complex to edit safely raises
 :class:`EngineError` naming the container.
 
 Metric names: :class:`MetricNames` per engine, so one PromQL builder
-(``lookahead_operator.observations``) reads every engine. Per-token latency is always a
+(``lookahead_operator.measurement.prometheus``) reads every engine. Per-token latency is always a
 per-*token* histogram (vLLM: ``request_time_per_output_token``; never vLLM's per-chunk ITL).
 """
 

@@ -20,7 +20,7 @@ process starting, thermal or frequency changes) lands on both roles and cancels 
 A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or when its
 share of the time budget is spent, which leaves it Pending. ``confidence`` is that of the whole
 decision: each test runs at its share (``measure.family_split``, the operator's split). The
-per-batch verdicts go to ``lookahead_operator.decision.decide``; the table, the crossover and the
+per-batch verdicts go to ``lookahead_operator.measurement.decision.decide``; the table, the crossover and the
 decision are printed and a report (HTML with PNG plots, JSON) is written.
 
 The load generator's own per-token latency and tokens/s (usage-counted, client-side) are kept per
@@ -51,8 +51,10 @@ import httpx
 from lookahead_canary import loadgen, process, units
 from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 
-from . import engines, measure, observations
-from .engines import MetricNames
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.measurement import measure
+from lookahead_operator.measurement import prometheus as observations
+from lookahead_operator.engines.adapters import MetricNames
 
 # both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and loses at 8
 # (docs/benchmarks/engine-cpu.md); every size in between takes its share of the 10 minutes, and
@@ -370,7 +372,7 @@ class RoleMeasurement:
 
 def make_thresholds(min_latency_improvement: float, max_throughput_regression: float, confidence: float,
                     min_samples: int, max_tail_latency_regression: float | None = None):
-    from .statistics import DEFAULT_MAX_TAIL_LATENCY_REGRESSION, Thresholds
+    from lookahead_operator.measurement.statistics import DEFAULT_MAX_TAIL_LATENCY_REGRESSION, Thresholds
 
     return Thresholds(min_latency_improvement=min_latency_improvement,
                       max_throughput_regression=max_throughput_regression,
@@ -682,7 +684,7 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
         await _warmup(client, urls, models, prompts, cfg.warmup_requests, log)
         for role, url in urls.items():
             await asyncio.to_thread(check_metrics, role, url, m)
-        from .decision import Action, decide
+        from lookahead_operator.measurement.decision import Action, decide
 
         t0 = time.monotonic()
         total = run_deadline - t0 - RESERVE_S
@@ -736,7 +738,7 @@ def _smollm2_cached() -> bool:
 
 def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> AnalyzeResult:
     """Start (or attach to) the engines, sweep, decide. Does not write the report."""
-    from .decision import decide
+    from lookahead_operator.measurement.decision import decide
 
     started_at = time.time()
     t0 = time.monotonic()
@@ -786,7 +788,7 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
 
 
 # ---------------------------------------------------------------------------------------------
-# command line (wired into lookahead_operator.cli as `analyze`)
+# command line (wired into lookahead_operator.cli.main as `analyze`)
 
 
 BadArgument = loadgen.BadArgument
@@ -887,7 +889,7 @@ def main(args) -> int:
     """``kubectl lookahead analyze``: run, print the table and decision, write the report."""
     from rich.console import Console
 
-    from . import report
+    from lookahead_operator.cli import report
 
     stream = sys.stderr if args.json else sys.stdout
     # the table fits 80 columns; in logs and CI (not a terminal) rich wraps the prose at 80 too

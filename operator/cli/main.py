@@ -1,10 +1,10 @@
 """``kubectl-lookahead``: the kubectl plugin (``kubectl lookahead VERB ...``).
 
 Verbs are argparse subcommands; each sets ``func(args) -> int``. ``analyze`` is the embedded main
-job (``lookahead_operator.analyze``); ``approve``, ``abort``, ``pause``, ``resume``, ``status`` and
+job (``lookahead_operator.cli.analyze``); ``approve``, ``abort``, ``pause``, ``resume``, ``status`` and
 ``report POLICY`` act on LookaheadPolicy objects through the Kubernetes API
-(``lookahead_operator.plugin``): each of their failures is one line on stderr and an exit status
-(``lookahead_operator.plugin.EXIT_CODES``: 1 not found, 2 bad input, 3 cannot use the cluster,
+(``lookahead_operator.cli.plugin``): each of their failures is one line on stderr and an exit status
+(``lookahead_operator.cli.plugin.EXIT_CODES``: 1 not found, 2 bad input, 3 cannot use the cluster,
 4 not allowed), and they take ``--kubeconfig``, ``--context`` and ``--request-timeout``.
 """
 
@@ -16,7 +16,7 @@ from typing import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import plugin
+    from lookahead_operator.cli import plugin
 
     parser = argparse.ArgumentParser(
         prog="kubectl-lookahead",
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
-    from . import analyze
+    from lookahead_operator.cli import analyze
 
     p = sub.add_parser(
         "analyze", help="start a control and a canary engine locally (or use two running ones), sweep batch "

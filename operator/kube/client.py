@@ -15,10 +15,10 @@ from typing import Iterable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import api
-from . import builders as b
+from lookahead_operator.api import names as api
+from lookahead_operator.controller import builders as b
 
-log = logging.getLogger("lookahead_operator.kube")
+log = logging.getLogger("lookahead_operator.kube.client")
 USER_AGENT = "lookahead-operator/0.1"
 # Every request is bounded: (connect, read) seconds. Nothing outside the process is assumed to answer.
 TIMEOUT = (5, 30)

@@ -19,7 +19,7 @@ Gates (what ``kubectl lookahead pause|resume|approve|abort`` does):
   It bumps ``metadata.generation``, so the operator must not treat a change of ``paused`` alone as
   a spec edit: compare :meth:`LookaheadPolicySpec.fingerprint`, which leaves ``paused`` out.
 * approve: annotation ``lookahead.dev/approve`` whose value is the ``metadata.generation`` being
-  approved (what ``lookahead_operator.handlers`` reads). An approval of an earlier generation
+  approved (what ``lookahead_operator.runtime.handlers`` reads). An approval of an earlier generation
   does not match after a spec edit and is ignored. Needed only when
   ``spec.promotion.requireApproval``.
 * abort: annotation ``lookahead.dev/abort: "true"``. The operator rolls back what it promoted
@@ -58,7 +58,7 @@ from lookahead_canary import units
 # --------------------------------------------------------------------------------------------
 # identity of the API
 
-from .api import (  # noqa: F401 - re-exported: the API's names belong with its models
+from lookahead_operator.api.names import (  # noqa: F401 - re-exported: the API's names belong with its models
     DEFAULT_LOAD_LIMITS,
     DEFAULT_LOAD_REQUESTS,
     ANNOTATION_ABORT,
@@ -468,7 +468,7 @@ class LookaheadConfig(ApiModel):
 
     def speculative_config(self) -> dict[str, Any]:
         """The ``--speculative-config`` JSON of the reference engine (vLLM's shape for ngram)."""
-        from .engines import reference_speculative_config
+        from lookahead_operator.engines.adapters import reference_speculative_config
 
         return json.loads(reference_speculative_config(self))
 
@@ -933,7 +933,7 @@ class ConditionStatus(StrEnum):
 
 
 class ConditionType(StrEnum):
-    """Every condition type the operator sets, and no other (``lookahead_operator.conditions``
+    """Every condition type the operator sets, and no other (``lookahead_operator.controller.conditions``
     derives them from the phase and what one reconcile pass found)."""
 
     Accepted = "Accepted"            # the spec is valid and can be acted on
@@ -971,7 +971,7 @@ class Condition(StatusModel):
 
 
 class BatchVerdict(StrEnum):
-    """Per batch size (the values of ``lookahead_operator.decision.BatchOutcome``, plus Inconclusive)."""
+    """Per batch size (the values of ``lookahead_operator.measurement.decision.BatchOutcome``, plus Inconclusive)."""
 
     Pending = "Pending"            # still measuring
     Wins = "Wins"                  # per-token latency better by >= minLatencyImprovement, throughput within bound
@@ -997,7 +997,7 @@ class DroppedIntervals(StatusModel):
 
 class BatchResult(StatusModel):
     """One row of the per-batch-size table: control vs canary at one concurrency
-    (what ``lookahead_operator.decision.BatchVerdict.to_status`` writes).
+    (what ``lookahead_operator.measurement.decision.BatchVerdict.to_status`` writes).
 
     Changes are relative, canary vs control, as fractions (``tpotChange: -0.37`` = per-token
     latency 37 % lower); intervals are ``[low, high]`` of that change at ``confidence``.
@@ -1054,7 +1054,7 @@ class BatchResult(StatusModel):
 
 
 class DecisionAction(StrEnum):
-    """The values of ``lookahead_operator.decision.Action``."""
+    """The values of ``lookahead_operator.measurement.decision.Action``."""
 
     Promote = "Promote"                        # lookahead on at every batch size
     PromoteRegimeAware = "PromoteRegimeAware"  # on below the crossover batch size
@@ -1073,7 +1073,7 @@ class RegimeRange(StatusModel):
 
 
 class Decision(StatusModel):
-    """``lookahead_operator.decision.Decision.to_dict()`` plus when, an id and the promoted config."""
+    """``lookahead_operator.measurement.decision.Decision.to_dict()`` plus when, an id and the promoted config."""
 
     id: Optional[str] = Field(default=None, max_length=64,
                               description="Identifies this decision (generation and action).")
@@ -1242,7 +1242,7 @@ class LookaheadPolicyStatus(StatusModel):
     guard: Optional[GuardStatus] = Field(default=None, description="The latest guard comparison (promoted vs control).")
     rollback: Optional[RollbackStatus] = Field(default=None, description="Why and when the fleet was rolled back, and what was restored.")
     progress: Progress = Field(default_factory=Progress, description="The state machine's bookkeeping (step, wave, "
-                               "clocks): what a restarted operator resumes from. See lookahead_operator.statemachine.")
+                               "clocks): what a restarted operator resumes from. See lookahead_operator.controller.statemachine.")
 
 
 NAME_TOO_LONG = (f"metadata.name must be at most {MAX_POLICY_NAME} characters: it is the value of the "

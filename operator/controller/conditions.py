@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .models import Condition, ConditionStatus, ConditionType, Phase
+from lookahead_operator.api.models import Condition, ConditionStatus, ConditionType, Phase
 
 __all__ = ["Fact", "derive", "get", "SCOPE"]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from . import api
-from .kube import Kube
-from .kube import mark_created, recently_created  # noqa: F401 - (the registry lives with the writes)
-from .models import LabelSelector, LookaheadPolicySpec
+from lookahead_operator.api import names as api
+from lookahead_operator.kube.client import Kube
+from lookahead_operator.kube.client import mark_created, recently_created  # noqa: F401 - (the registry lives with the writes)
+from lookahead_operator.api.models import LabelSelector, LookaheadPolicySpec
 
 _DROP_META = ("managedFields",)
 _KEEP_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",

@@ -28,17 +28,18 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from . import api
-from . import builders as b
-from . import engines, observations
-from . import statemachine as sm
-from .decision import Action, BatchVerdict, decide
-from .models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec, LookaheadPolicyStatus,
+from lookahead_operator.api import names as api
+from lookahead_operator.controller import builders as b
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.measurement import prometheus as observations
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.measurement.decision import Action, BatchVerdict, decide
+from lookahead_operator.api.models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec, LookaheadPolicyStatus,
                      PreflightStatus)
-from .preflight import DCGM_SIGNALS
-from .preflight import preflight as run_preflight
-from .preflight import production_batch_sizes
-from .statistics import (DEFAULT_METRICS_PER_BATCH, PairedComparison, SequentialComparison, TailComparison,
+from lookahead_operator.measurement.preflight import DCGM_SIGNALS
+from lookahead_operator.measurement.preflight import preflight as run_preflight
+from lookahead_operator.measurement.preflight import production_batch_sizes
+from lookahead_operator.measurement.statistics import (DEFAULT_METRICS_PER_BATCH, PairedComparison, SequentialComparison, TailComparison,
                          Thresholds, compare_tail_latency)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from . import builders as b
-from . import statemachine as sm
-from .fleet import pod_ready
-from .models import LookaheadPolicySpec
+from lookahead_operator.controller import builders as b
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.controller.fleet import pod_ready
+from lookahead_operator.api.models import LookaheadPolicySpec
 
 DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
 

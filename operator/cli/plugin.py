@@ -40,7 +40,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .api import ANNOTATION_ABORT, ANNOTATION_ABORT_REASON, ANNOTATION_APPROVE, GROUP, PLURAL, VERSION
+from lookahead_operator.api.names import ANNOTATION_ABORT, ANNOTATION_ABORT_REASON, ANNOTATION_APPROVE, GROUP, PLURAL, VERSION
 
 PROG = "kubectl-lookahead"
 

@@ -59,11 +59,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .api import PROM_LABEL_POLICY as LABEL_POLICY
-from .api import PROM_LABEL_ROLE as LABEL_ROLE
-from .api import PROM_LABEL_TARGET as LABEL_TARGET
-from .engines import MetricNames, metric_names
-from .preflight import DCGM_MISSING_HINTS, DCGM_SIGNALS
+from lookahead_operator.api.names import PROM_LABEL_POLICY as LABEL_POLICY
+from lookahead_operator.api.names import PROM_LABEL_ROLE as LABEL_ROLE
+from lookahead_operator.api.names import PROM_LABEL_TARGET as LABEL_TARGET
+from lookahead_operator.engines.adapters import MetricNames, metric_names
+from lookahead_operator.measurement.preflight import DCGM_MISSING_HINTS, DCGM_SIGNALS
 
 #: How far before ``start`` to look for the baseline sample (Prometheus' own staleness limit).
 DEFAULT_LOOKBACK_S = 300.0
@@ -387,7 +387,7 @@ def parse_exposition(text: str, bucket_metric: str | None = None) -> tuple[dict[
     ``_created`` samples left out; buckets of ``bucket_metric`` (base name) by ``le``, summed)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from .report import position_key
+    from lookahead_operator.cli.report import position_key
 
     values: dict[str, float] = {}
     buckets: dict[float, float] = {}
@@ -1029,7 +1029,7 @@ class FleetSignals:
     notes: list[str] = field(default_factory=list)
 
     def preflight_signals(self) -> dict[str, Any]:
-        """The input of ``lookahead_operator.preflight.preflight``: plain numbers, ``None`` where
+        """The input of ``lookahead_operator.measurement.preflight.preflight``: plain numbers, ``None`` where
         a signal is missing (sparse values are passed on: the preflight only screens)."""
         def v(m: Measured) -> float | None:
             return m.value if m.state is not State.MISSING else None

@@ -1,7 +1,7 @@
 """Per-batch-size verdicts -> one Decision, with the reason in words.
 
 Pure: no Kubernetes, no Prometheus. The operator feeds `BatchVerdict`s built from
-`lookahead_operator.statistics` and writes the returned `Decision` into the policy's status.
+`lookahead_operator.measurement.statistics` and writes the returned `Decision` into the policy's status.
 
 Rules, in order:
 1. The preflight says the workload is not a candidate            -> NotACandidate.
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .statistics import ComparisonResult, Direction, TailComparison, Thresholds, Verdict
+from lookahead_operator.measurement.statistics import ComparisonResult, Direction, TailComparison, Thresholds, Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .preflight import Preflight
+    from lookahead_operator.measurement.preflight import Preflight
 
 __all__ = ["Action", "BatchOutcome", "BatchVerdict", "Decision", "decide", "DEFAULT_MAX_BATCH_SIZE"]
 

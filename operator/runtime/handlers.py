@@ -1,0 +1,488 @@
+"""Kopf handlers: thin. The Kopf wiring around one reconcile pass.
+
+    kopf run -m lookahead_operator.runtime.handlers --all-namespaces --liveness=http://0.0.0.0:8080/healthz
+
+A pass: ``observe.observe`` reads the world from the watched caches (``cache``), the pure
+``statemachine.reconcile`` returns the whole next status and the actions, ``actions.ACTIONS``
+carries each out (one small idempotent function each), and ``write_status`` replaces the status
+whole. Here: the indexes (the caches), a daemon per policy that sleeps for the plan's
+``requeue_after`` or until something it waits on changes (``wake``, ``wake_on_deployment``; a
+finished policy costs no periodic API request), and the finalizer (``statemachine.deletion_plan``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from datetime import datetime, timezone
+
+import kopf
+import kubernetes
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from lookahead_operator.controller import actions
+from lookahead_operator.api import names as api
+from lookahead_operator.kube import cache
+from lookahead_operator.controller import conditions
+from lookahead_operator.engines import adapters as engines
+from lookahead_operator.runtime import metrics
+from lookahead_operator.controller import observe
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.api.names import ANNOTATION_ABORT, ANNOTATION_APPROVE, FINALIZER, GROUP, PLURAL, VERSION
+from lookahead_operator.controller.conditions import Fact
+from lookahead_operator.kube.client import Kube, api_message
+from lookahead_operator.api.models import (
+    MAX_POLICY_NAME,
+    NAME_TOO_LONG,
+    ConditionType,
+    LookaheadPolicySpec,
+    LookaheadPolicyStatus,
+    Phase,
+    spec_error,
+)
+
+log = logging.getLogger("lookahead_operator")
+
+MAX_PASSES = 4            # passes chained within one wake-up while phases move on at once
+ERROR_BACKOFF_S = float(os.environ.get("LOOKAHEAD_ERROR_BACKOFF_SECONDS", "5"))
+_kube: Kube | None = None
+_wakers: dict[str, asyncio.Event] = {}
+_seen: dict[str, tuple] = {}
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        _kube = Kube()
+    return _kube
+
+
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """No "last handled" copy of anything. Kopf keeps one to tell creations and updates apart (the
+    default deep-copies the whole body at every watch event of every watched kind, and writes it
+    into an annotation of every new policy: one more PATCH and one more event each). No handler here
+    reacts to a creation or an update: a policy has a daemon (woken by ``wake``) and a deletion
+    handler; Deployments, Pods, Jobs and Namespaces only feed the caches. So every object reads as
+    seen before and unchanged."""
+
+    def build(self, *, body, extra_fields=None):
+        return {}
+
+    def fetch(self, *, body):
+        return {}
+
+    def store(self, *, body, patch, essence) -> None:
+        return None
+
+
+def peering_priority(pod_name: str) -> int:
+    """A replica's Kopf peering priority, from its pod name: distinct per replica (28 bits of a
+    hash). Kopf pauses an operator when it sees a peer of higher priority, and pauses every one
+    of them when two share a priority -- the chart's identical replicas, all at the default 0,
+    would all have frozen."""
+    return int(hashlib.sha256(pod_name.encode()).hexdigest()[:7], 16) + 1
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_) -> None:
+    settings.persistence.finalizer = FINALIZER
+    if os.environ.get("LOOKAHEAD_PEERING_PRIORITY"):
+        settings.peering.priority = int(os.environ["LOOKAHEAD_PEERING_PRIORITY"])
+    elif settings.peering.priority == 0 and os.environ.get("POD_NAME"):
+        settings.peering.priority = peering_priority(os.environ["POD_NAME"])
+    # A replica that dies is given up on after this long, and a paused one takes over (Kopf's
+    # default is 60 s; each replica refreshes its record 5-10 s before it expires).
+    settings.peering.lifetime = int(os.environ.get("LOOKAHEAD_PEERING_LIFETIME", "20"))
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = _NoDiffBase()
+    # Only our own Pods and load Jobs are watched: the API server filters them (Kopf's label filters
+    # on the indexes below are client-side: every Pod of the cluster would be sent and processed).
+    settings.watching.label_selectors["pods"] = api.LABEL_POLICY
+    settings.watching.label_selectors["batch", "v1", "jobs"] = f"{api.LABEL_ROLE}=loadgen"
+    settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's would repeat it
+    log.setLevel(os.environ.get("LOOKAHEAD_LOG_LEVEL", "INFO"))
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # the kubelet's probes every few seconds would bury the rollout in `kubectl logs`
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
+    settings.watching.server_timeout = 120
+    # Kopf's executor runs only the (sync) deletion handler now: the indexes and events are async.
+    settings.execution.max_workers = int(os.environ.get("LOOKAHEAD_MAX_WORKERS", "4"))
+    kube()
+    port = int(os.environ.get("LOOKAHEAD_METRICS_PORT", "9100"))
+    if port:
+        metrics.serve(port, os.environ.get("LOOKAHEAD_METRICS_ADDR", "0.0.0.0"))
+
+
+PASS_THREADS = int(os.environ.get("LOOKAHEAD_PASS_THREADS", "16"))
+
+
+@kopf.on.startup()
+async def threads(**_) -> None:
+    """Passes run in threads (the Kubernetes client blocks). They wait on the API server and
+    Prometheus most of the time; a few more than the cores keep both busy when hundreds of policies
+    are applied at once, and no more: every thread is memory (its stack, its malloc arena) and
+    contention for the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass"))
+
+
+@kopf.on.probe(id="reconciles")
+def probe(**_) -> float:
+    return metrics.RECONCILES._value.get()
+
+
+# --- watched caches (reads come from these, not from list calls) -------------------------------------
+
+# (async: Kopf runs a sync handler in a thread, once per watch event of every object)
+
+@kopf.index("namespaces")
+async def namespace_labels(name, labels, **_):
+    return {name: dict(labels)}
+
+
+@kopf.index("apps", "v1", "deployments")
+async def deployments_by_namespace(namespace, body, **_):
+    return {namespace: cache.slim_deployment(body)}
+
+
+@kopf.index("pods", labels={api.LABEL_POLICY: kopf.PRESENT})
+async def pods_by_policy(labels, body, **_):
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.slim_pod(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels={api.LABEL_ROLE: "loadgen"})
+async def jobs_by_policy(labels, body, **_):
+    return {(labels.get(api.LABEL_POLICY_NAMESPACE), labels.get(api.LABEL_POLICY)): cache.slim_job(body)}
+
+
+# --- scheduling: a daemon per policy, woken by changes -------------------------------------------------
+
+_uid_by_key: dict[str, str] = {}     # "namespace/name" of a policy -> its uid (for wake-ups)
+#: policies waiting for their targets to appear -> the namespaces they search (None: any, for a
+#: namespace selector), so that a new Deployment wakes only those it may concern
+_pending: dict[str, frozenset[str] | None] = {}
+#: uid -> the policy's resourceVersion its daemon saw when it found it could not go on with it (a
+#: write conflicted, or Kopf's finalizer is not on it yet): the next event of that policy wakes it
+_stale: dict[str, str] = {}
+#: how long a daemon waits for that next event before it tries again anyway
+STALE_WAIT_S = 2.0
+
+
+def _wake(key: str) -> None:
+    uid = _uid_by_key.get(key)
+    if uid in _wakers:
+        _wakers[uid].set()
+
+
+def _signature(meta) -> tuple:
+    ann = meta.get("annotations") or {}
+    return (meta.get("generation"), ann.get(ANNOTATION_APPROVE), ann.get(ANNOTATION_ABORT))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def wake(meta, **_) -> None:
+    """A change of the spec or of a gate annotation wakes the policy's daemon at once (status
+    writes, ours included, do not); so does any newer version of a policy whose daemon waits for one."""
+    uid = meta.get("uid")
+    sig = _signature(meta)
+    stale = _stale.get(uid)
+    if _seen.get(uid) != sig or (stale is not None and meta.get("resourceVersion") != stale):
+        _seen[uid] = sig
+        _stale.pop(uid, None)
+        if uid in _wakers:
+            _wakers[uid].set()
+
+
+@kopf.on.event("apps", "v1", "deployments")
+async def wake_on_deployment(meta, **_) -> None:
+    """A canary/control or a claimed target changed (created, ready, rolled out, failed): wake its
+    policy; any other Deployment may be a new target for a policy still looking for its fleet in
+    that namespace."""
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    if labels.get(api.LABEL_POLICY) and labels.get(api.LABEL_POLICY_NAMESPACE):
+        _wake(f"{labels[api.LABEL_POLICY_NAMESPACE]}/{labels[api.LABEL_POLICY]}")
+    elif ann.get(api.ANNOTATION_OWNER):
+        _wake(ann[api.ANNOTATION_OWNER])
+    elif _pending:
+        namespace = meta.get("namespace")
+        for key, namespaces in list(_pending.items()):
+            if namespaces is None or namespace in namespaces:
+                _wake(key)
+
+
+async def _sleep(wake_event: asyncio.Event, stopped, timeout: float | None) -> None:
+    waiters = [asyncio.ensure_future(wake_event.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30.0)
+async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy,
+              **_) -> None:
+    """One policy's daemon: a pass whenever something it waits on changes, or its plan's time has
+    come. Between passes it holds nothing of the policy but the resourceVersions its own status
+    writes replaced (the live body is Kopf's; hundreds of sleeping daemons must not each keep a
+    copy)."""
+    uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
+    key = f"{namespace}/{name}"
+    _uid_by_key[key] = uid
+    wake_event = _wakers.setdefault(uid, asyncio.Event())
+    indexes = (namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy)
+    superseded: frozenset[str] = frozenset()   # resourceVersions our own status writes replaced
+    first = True
+    stale_since: float | None = None           # waiting since then for the watch to bring a newer version
+    loop = asyncio.get_running_loop()
+    try:
+        while not stopped:
+            wake_event.clear()
+            live = body["metadata"]            # (Kopf replaces the live body whole on each event)
+            if live.get("deletionTimestamp"):
+                break
+            seen_rv = live.get("resourceVersion")
+            fresh = None
+            if first and FINALIZER not in (live.get("finalizers") or []) or seen_rv in superseded:
+                # Kopf puts its finalizer on a new policy by a PATCH at its first event, as this daemon
+                # starts; or our own status write has not come back through the watch yet. A pass on
+                # the version before either would only conflict: wait for the next one (bounded).
+                stale_since = stale_since if stale_since is not None else loop.time()
+                left = STALE_WAIT_S - (loop.time() - stale_since)
+                if left > 0:
+                    _stale[uid] = seen_rv
+                    await _sleep(wake_event, stopped, left)
+                    continue
+                if seen_rv in superseded:      # the watch lags that much: read the policy itself
+                    fresh = await asyncio.to_thread(kube().get_policy, namespace, name)
+                    if fresh is None:
+                        break
+            elif superseded:
+                superseded = frozenset()       # the watch has caught up with our writes
+            first, stale_since = False, None
+            try:
+                requeue, wrote, conflict = await _pass(namespace, name, fresh or body, indexes)
+                superseded |= wrote
+                if conflict:                   # the policy changed under us: re-plan on the version the watch brings
+                    if body["metadata"].get("resourceVersion") != seen_rv:
+                        requeue = 0            # (it came while the pass ran)
+                    else:
+                        _stale[uid] = seen_rv
+                        requeue = STALE_WAIT_S
+            except Exception:  # noqa: BLE001 - the API or a bug: log, back off, try again
+                log.exception("reconcile of %s failed; retrying in %ss", key, ERROR_BACKOFF_S)
+                requeue = ERROR_BACKOFF_S
+            if stopped:
+                break
+            if requeue == 0:
+                continue
+            await _sleep(wake_event, stopped, requeue)
+    finally:
+        _wakers.pop(uid, None)
+        _seen.pop(uid, None)
+        _stale.pop(uid, None)
+        _pending.pop(key, None)
+        if _uid_by_key.get(key) == uid:
+            del _uid_by_key[key]
+
+
+async def _pass(namespace: str, name: str, body, indexes: tuple) -> tuple[float | None, frozenset[str], bool]:
+    """Parse the policy, copy what it may read from the caches (in the event loop, where Kopf
+    updates them), and run ``reconcile_once`` in a thread."""
+    raw = cache.cached(body)
+    spec, error = parse_spec(raw)
+    status = parse_status(raw)
+    snap = cache.Snapshot.of(namespace, name, spec, status.targets, *indexes)
+    requeue, wrote, conflict = await asyncio.to_thread(reconcile_once, raw, spec, error, status, snap)
+    return requeue, wrote[0] if wrote is not None else frozenset(), conflict
+
+
+# --- one reconcile --------------------------------------------------------------------------------
+
+def parse_spec(body: dict) -> tuple[LookaheadPolicySpec | None, str | None]:
+    """The spec, parsed once (``LookaheadPolicySpec.parse_stored``: fields of a newer CRD are
+    ignored, and logged once), or why it cannot be acted on (naming the field)."""
+    meta = body["metadata"]
+    if len(meta["name"]) > MAX_POLICY_NAME:
+        return None, NAME_TOO_LONG
+    try:
+        spec, ignored = LookaheadPolicySpec.parse_stored(body.get("spec"))
+    except ValidationError as exc:
+        return None, spec_error(exc)
+    if ignored and _first_sighting((meta.get("uid"), tuple(ignored))):
+        log.warning("%s/%s: ignoring %s, unknown to this operator version (a newer CRD?)",
+                    meta.get("namespace"), meta.get("name"), ", ".join(ignored))
+    return spec, None
+
+
+#: (policy uid, ignored fields) already logged, least recently seen first: bounded (an operator
+#: that runs for months sees policies come and go), so one long unseen may be logged once more
+_IGNORED_FIELDS_LOGGED: "OrderedDict[tuple, None]" = OrderedDict()
+_IGNORED_FIELDS_MAX = 1024
+_IGNORED_FIELDS_LOCK = threading.Lock()   # passes parse in the event loop, the finalizer in Kopf's executor
+
+
+def _first_sighting(key: tuple) -> bool:
+    """Whether ``key`` is new to ``_IGNORED_FIELDS_LOGGED``, which then remembers it as the most
+    recent of at most ``_IGNORED_FIELDS_MAX`` keys."""
+    with _IGNORED_FIELDS_LOCK:
+        if key in _IGNORED_FIELDS_LOGGED:
+            _IGNORED_FIELDS_LOGGED.move_to_end(key)
+            return False
+        _IGNORED_FIELDS_LOGGED[key] = None
+        if len(_IGNORED_FIELDS_LOGGED) > _IGNORED_FIELDS_MAX:
+            _IGNORED_FIELDS_LOGGED.popitem(last=False)
+        return True
+
+
+def parse_status(body: dict) -> LookaheadPolicyStatus:
+    try:
+        return LookaheadPolicyStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        log.warning("status of %s/%s does not parse; starting from Pending", body["metadata"].get("namespace"),
+                    body["metadata"].get("name"))
+        return LookaheadPolicyStatus()
+
+
+def _now_precise() -> float:
+    import time
+    return time.monotonic()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | None, status: LookaheadPolicyStatus,
+                   snap: cache.Snapshot) -> tuple[float | None, tuple[frozenset, dict] | None, bool]:
+    """Passes over one policy until its phase settles, reading from the watched caches; the status
+    is written after each pass that changed it. Returns (seconds until the next pass, or None to wait
+    for a change; the last object written, if any; whether a status write conflicted with a newer
+    version of the policy)."""
+    k = kube()
+    view = cache.CachedView(k, snap)
+    metrics.RECONCILES.inc()
+    meta = body["metadata"]
+    key = f"{meta['namespace']}/{meta['name']}"
+    requeue: float | None = None
+    superseded: set[str] = set()   # resourceVersions our own writes replaced
+    for _ in range(MAX_PASSES):
+        now = _now()
+        t_pass = _now_precise()
+        world = observe.observe(view, body, spec, error, status, now)
+        plan = sm.reconcile(world)
+        ctx = actions.Ctx(view, body, spec, world)
+        try:
+            for action in plan.actions:
+                actions.ACTIONS[action.kind](ctx, action)
+        except (ApiException, engines.EngineError, ValueError, OSError) as exc:
+            metrics.RECONCILE_ERRORS.labels(status.phase).inc()
+            why = f"{action.kind} failed: {api_message(exc)}"
+            log.warning("%s: %s", key, why)
+            status = _with_fact(status, ConditionType.Reconciled, Fact(False, "ActionFailed", why), world)
+            out = _write(k, body, status)
+            if out is not None:
+                superseded.add(out[0])
+                body = out[1]
+            return ERROR_BACKOFF_S, (frozenset(superseded), body) if superseded else None, False
+        new = _with_fact(plan.status, ConditionType.Reconciled, Fact(True, "Done", "the last pass's actions were "
+                                                                      "carried out"), world)
+        if new.phase != status.phase:
+            _record_transition(status, new, now)
+        moved = new.phase != status.phase
+        status = new
+        requeue = plan.requeue_after
+        # Written after every pass that acted or moved: what was done (a claim, a canary) is on
+        # record before the next pass does more; a pass that changed nothing writes nothing.
+        try:
+            out = _write(k, body, status)
+        except ApiException as exc:
+            if exc.status == 409:  # the policy changed under us: the watch brings the new one; re-plan
+                return None, (frozenset(superseded), body) if superseded else None, True
+            raise
+        if out is not None:
+            superseded.add(out[0])
+            body = out[1]
+        if moved:  # the operator's log tells the rollout as `kubectl logs` readers expect
+            log.info("%s: phase %s -> %s", key, world.status.phase, status.phase)
+        for type_, reason, message in plan.events:  # once what they tell is on record
+            actions.post_event(k, body, type_, reason, message)
+        log.debug("%s: pass %s -> %s in %.3fs, next in %s", key, world.status.phase, status.phase,
+                  (_now_precise() - t_pass), requeue)
+        if not moved or requeue is None or requeue > 1.0:
+            break
+    if status.phase == Phase.Pending:
+        _pending[key] = None if spec is not None and spec.targets.namespace_selector is not None \
+            and not spec.targets.namespaces else frozenset(snap.deployments)
+    else:
+        _pending.pop(key, None)
+    metrics.record_phase(key, status.phase)
+    return requeue, (frozenset(superseded), body) if superseded else None, False
+
+
+def _write(k: Kube, body: dict, status: LookaheadPolicyStatus) -> tuple[str, dict] | None:
+    before = body["metadata"].get("resourceVersion")
+    out = write_status(k, body, status)
+    return (before, out) if out is not body else None
+
+
+def _with_fact(status: LookaheadPolicyStatus, type_: ConditionType, fact: Fact, world: sm.Observed):
+    out = status.model_copy(deep=True)
+    out.conditions = conditions.derive(status.conditions, {type_: fact}, status.phase, status.message or "",
+                                       world.generation, world.now)
+    return out
+
+
+def write_status(k: Kube, body: dict, status: LookaheadPolicyStatus) -> dict:
+    """Replace the status whole when it changed (optimistic concurrency on resourceVersion)."""
+    new = status.to_dict()
+    if new == (body.get("status") or {}):
+        return body
+    return k.replace_policy_status({**body, "status": new})
+
+
+def _record_transition(old: LookaheadPolicyStatus, new: LookaheadPolicyStatus, now: datetime) -> None:
+    since = old.progress.phase_since
+    metrics.TIME_IN_PHASE.labels(old.phase).observe(max(0.0, (now - since).total_seconds()) if since else 0.0)
+    if new.phase == Phase.RolledBack:
+        metrics.ROLLBACKS.labels(new.rollback.reason if new.rollback else "Decision").inc()
+    if new.decision is not None and old.phase == Phase.Deciding:
+        metrics.DECISIONS.labels(str(new.decision.action)).inc()
+
+
+# --- deletion -------------------------------------------------------------------------------------
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, id="cleanup")
+def cleanup(body, meta, **_) -> None:
+    """Deleting a policy carries out ``statemachine.deletion_plan``."""
+    name, namespace = meta["name"], meta["namespace"]
+    if len(name) > MAX_POLICY_NAME:
+        return  # refused at every pass: nothing was created or claimed
+    k = kube()
+    body = dict(body)
+    status = parse_status(body)
+    spec, _ = parse_spec(body)
+    world = sm.Observed(now=_now(), name=name, namespace=namespace, generation=int(meta.get("generation", 1)),
+                        spec=spec, status=status)
+    known = observe.known_targets(k, status, spec.engine if spec else None)
+    if spec is not None:  # and whatever matches now (a claim may have landed after the last status write)
+        keys = {t.key for t in known}
+        namespaces = k.target_namespaces(namespace, spec.targets.namespace_selector, spec.targets.namespaces)
+        known += [t for t in (observe.target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector))
+                  if t.key not in keys]
+    world.targets = known
+    ctx = actions.Ctx(k, body, spec, world)
+    for action in sm.deletion_plan(status, world.targets, world.key):
+        actions.ACTIONS[action.kind](ctx, action)
+    metrics.record_phase(world.key, None)
