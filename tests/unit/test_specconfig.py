@@ -6,8 +6,8 @@ import pytest
 
 from lookahead_canary import specconfig
 from lookahead_canary.server import build_parser
-from lookahead_operator.engines.adapters import reference_speculative_config
-from lookahead_operator.api.models import LookaheadConfig
+from lookahead_operator.engines import reference_speculative_config
+from lookahead_operator.api.spec import LookaheadConfig
 
 
 @pytest.mark.parametrize("lookahead", [

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shlex
 import stat
 import subprocess
@@ -13,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lookahead_operator.engines import adapters as engines
-from lookahead_operator.engines.adapters import (
+from lookahead_operator import engines
+from lookahead_operator.engines import shell
+from lookahead_operator.engines import (
     EngineError,
     detect_engine,
     metric_names,
@@ -383,7 +383,7 @@ def test_spec_accepts_snake_case_and_objects():
 
 
 def test_spec_from_the_pydantic_model():
-    from lookahead_operator.api.models import LookaheadConfig
+    from lookahead_operator.api.spec import LookaheadConfig
 
     cfg = LookaheadConfig.model_validate({"method": "ngram_gpu", "numSpeculativeTokens": 3, "engineVersion": "0.24.0"})
     p = engines.lookahead_params(cfg)
@@ -447,7 +447,7 @@ def test_regime_config():
 
 
 def test_reference_jacobi_with_prompt_lookup_seeding():
-    from lookahead_operator.engines.adapters import reference_speculative_config
+    from lookahead_operator.engines import reference_speculative_config
     cfg = json.loads(reference_speculative_config({"method": "jacobi", "window": 3, "ngram": 4, "guessSet": 2,
                                                    "promptLookupTokens": 24}))
     assert cfg == {"method": "jacobi", "window": 3, "ngram": 4, "guess_set": 2, "prompt_lookup_tokens": 24,
@@ -596,7 +596,7 @@ def test_shell_form_too_complex_is_refused_naming_the_container(script, why):
 
 def test_shell_tokens_agree_with_shlex_on_plain_words():
     script = "exec vllm serve 'a b' \"c d\" e\\ f --x='{\"k\": 1}' --y \"$(echo hi)\" 2>&1 | tee log && echo ok"
-    edit = engines._parse_shell(script, "vllm")
+    edit = shell.parse_script(script, [engines.adapter("vllm").detection.launcher])
     vals = [t.value for t in edit.args if not t.opaque]
     assert vals == ["a b", "c d", "e f", '--x={"k": 1}', "--y"]
     assert [t.text for t in edit.args if t.opaque] == ['"$(echo hi)"']
@@ -604,7 +604,7 @@ def test_shell_tokens_agree_with_shlex_on_plain_words():
 
 
 def test_shell_script_index():
-    idx = engines._shell_script_index
+    idx = shell.script_index
     assert idx(["sh", "-c", "x"]) == 2 and idx(["/bin/bash", "-lc", "x"]) == 2
     assert idx(["bash", "-o", "pipefail", "-c", "x"]) == 4 and idx(["bash", "-e", "-c", "x"]) == 3
     assert idx(["vllm", "serve"]) is None and idx(["sh", "script.sh"]) is None

@@ -1,0 +1,94 @@
+"""The reference engine's adapter (ours: ``python3 -m lookahead_canary.server``): true Jacobi
+lookahead, ``--speculative-config '{"method":"jacobi","window":W,"ngram":N,"guess_set":G}'``, or
+``ngram`` like vLLM; regime-aware via ``--lookahead-max-batch-size C``. The config itself is
+``lookahead_canary.specconfig``'s model (built by ``api.spec.reference_engine_config``), the one
+the engine parses it with. Its image tag is not an engine version.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping
+
+from lookahead_canary import specconfig
+from lookahead_operator.api.metric_names import REFERENCE_METRICS
+from lookahead_operator.api.spec import reference_engine_config
+from lookahead_operator.engines.argv import edit_container, remove_flag, set_flag
+from lookahead_operator.engines.base import (
+    Detection,
+    EngineAdapter,
+    EngineError,
+    EngineSetup,
+    Launcher,
+    LookaheadParams,
+    lookahead_params,
+    regime_max_batch,
+)
+
+NAME = "reference"
+LAUNCHER = Launcher(executable="lookahead-engine", modules=("lookahead_canary.server",))
+_LAUNCHERS = (LAUNCHER,)
+
+_SPEC = "--speculative-config"
+_MAX_BATCH = "--lookahead-max-batch-size"
+
+
+def reference_speculative_config(lookahead_spec: Any) -> str:
+    """The reference engine's ``--speculative-config`` (``lookahead_canary.specconfig``: the same
+    model the engine parses it with)."""
+    p = lookahead_params(lookahead_spec)
+    config = reference_engine_config(p)
+    if config is None:
+        raise EngineError(f"the reference engine has no {p.method!r} method (it runs jacobi and ngram)")
+    return specconfig.render(config)
+
+
+def problems(setup: EngineSetup, regime_aware: bool) -> list[str]:
+    """The methods the reference engine does not run (it has no version limits)."""
+    try:
+        reference_speculative_config(setup.lookahead)
+    except EngineError as exc:
+        return [str(exc)]
+    return []
+
+
+def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None) -> dict:
+    """The canary: our ``--speculative-config``, and the batch cap when a regime is given."""
+    spec_json = reference_speculative_config(lookahead_spec)
+    max_batch = regime_max_batch(regime)
+
+    def fn(argv: list[str]) -> list[str]:
+        argv = set_flag(argv, _SPEC, spec_json)
+        if max_batch is not None:
+            argv = set_flag(argv, _MAX_BATCH, str(max_batch))
+        else:
+            argv = remove_flag(argv, _MAX_BATCH)
+        return argv
+
+    return edit_container(container, fn, _LAUNCHERS)
+
+
+def render_off(container: Mapping) -> dict:
+    """The control: no ``--speculative-config``, no batch cap."""
+    return edit_container(container, lambda argv: remove_flag(remove_flag(argv, _SPEC), _MAX_BATCH), _LAUNCHERS)
+
+
+def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int | None) -> dict:
+    """The flags a regime-aware promotion sets."""
+    return {_SPEC: json.loads(reference_speculative_config(p)), _MAX_BATCH: max_batch_size}
+
+
+ADAPTER = EngineAdapter(
+    name=NAME,
+    # checked before every other engine: its command mentions no other engine's name
+    detection=Detection(re.compile(r"lookahead[_-]canary\.server|lookahead-engine|lookahead-rollout[^\s]*engine"),
+                        order=0, launcher=LAUNCHER),
+    checked_version=None,
+    metrics=REFERENCE_METRICS,
+    problems=problems,
+    render_on=render_lookahead,
+    render_off=render_off,
+    regime_config=regime_config,
+    version_from_image_tag=False,
+)
