@@ -1,11 +1,11 @@
 """Measurement glue for the operator: Prometheus samples -> sequential statistics -> the rows,
 decisions and guard checks the state machine consumes. Prometheus is read through
-``observations`` (one implementation of the queries for the operator and ``analyze``).
+``prometheus`` (one implementation of the queries for the operator and ``analyze``).
 
 The step's verdict is the one pipeline ``kubectl lookahead analyze`` runs too (docs/analyze.md,
 "One pipeline"): per interval and role, the engine's counter increases
-(``observations.Increments``; here from Prometheus, there from the engine's own ``/metrics``),
-``observations.paired_sample`` for the pair, ``paired_verdict`` for the statistics, each test at
+(``prometheus.Increments``; here from Prometheus, there from the engine's own ``/metrics``),
+``prometheus.paired_sample`` for the pair, ``paired_verdict`` for the statistics, each test at
 its share of the policy's confidence (``family_split``), and ``decision.decide``.
 
 Samples are disjoint intervals of ``spec.analysis.sampleInterval`` (the confidence sequences assume
@@ -16,7 +16,7 @@ independent samples; overlapping windows would make intervals too narrow):
 - throughput: the generated-tokens counter's increase in the interval / its length;
 - tail per-token latency (p95, p99): the per-token-latency histogram's ``_bucket{le}`` increases over
   the whole step (after the warm-up), per role -- the same histogram as the means, read at bucket
-  resolution -- compared by ``statistics.compare_tail_latency`` (a veto on the step's verdict).
+  resolution -- compared by ``stats.compare_tail_latency`` (a veto on the step's verdict).
 """
 
 from __future__ import annotations
@@ -24,37 +24,33 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 from lookahead_operator.api import names as api
-from lookahead_operator.controller import builders as b
-from lookahead_operator.engines import adapters as engines
-from lookahead_operator.measurement import prometheus as observations
-from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.measurement.decision import Action, BatchVerdict, decide
-from lookahead_operator.api.models import (BatchResult, Decision, DecisionAction, LookaheadPolicySpec, LookaheadPolicyStatus,
-                     PreflightStatus)
-from lookahead_operator.measurement.preflight import DCGM_SIGNALS
-from lookahead_operator.measurement.preflight import preflight as run_preflight
-from lookahead_operator.measurement.preflight import production_batch_sizes
-from lookahead_operator.measurement.statistics import (DEFAULT_METRICS_PER_BATCH, PairedComparison, SequentialComparison, TailComparison,
-                         Thresholds, compare_tail_latency)
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import BatchResult, Decision, DecisionAction, LookaheadPolicyStatus, PreflightStatus
+from lookahead_operator.api.metric_names import MetricNames, metric_names
+from lookahead_operator.measurement import prometheus
+from lookahead_operator.measurement.decision import decide
+from lookahead_operator.measurement.preflight import production_batch_sizes, screen
+from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement, guard_batch_sizes
+from lookahead_operator.measurement.stats import (PairedComparison, SequentialComparison, TailComparison, Thresholds,
+                                                  compare_tail_latency, family_split, policy_thresholds)
+from lookahead_operator.measurement.verdict import BatchComparison
 
 
 def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
+    """The policy's thresholds (``stats.policy_thresholds``, the one builder ``analyze`` uses too)."""
     a = spec.analysis
-    return Thresholds(min_latency_improvement=a.min_latency_improvement,
-                      max_throughput_regression=a.max_throughput_regression,
-                      confidence=a.confidence, min_samples=spec.load.min_samples_per_step,
-                      max_tail_latency_regression=a.max_tail_latency_regression)
+    return policy_thresholds(a.min_latency_improvement, a.max_throughput_regression, a.confidence,
+                             spec.load.min_samples_per_step, a.max_tail_latency_regression)
 
 
 # --- Prometheus ----------------------------------------------------------------------------------
 
 #: What a failed Prometheus read raises; the handler turns these into ``statemachine.ReadError``.
-READ_ERRORS: tuple[type[BaseException], ...] = (observations.ObservationError, OSError, TimeoutError)
+READ_ERRORS: tuple[type[BaseException], ...] = (prometheus.ObservationError, OSError, TimeoutError)
 
 
 #: Every Prometheus request is bounded: one quick retry, then the failure is data (a ReadError).
@@ -78,10 +74,10 @@ def _prom(spec: LookaheadPolicySpec):
     return client
 
 
-def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], start: datetime, end: datetime,
+def interval_samples(prom, names: MetricNames, labels: dict[str, str], start: datetime, end: datetime,
                      step: float) -> dict[str, Any]:
     """Disjoint-interval samples of per-token latency (s) and output throughput (tok/s) of the
-    pods ``labels`` select over [start, end], read by ``observations.observe`` (exact, reset-aware
+    pods ``labels`` select over [start, end], read by ``prometheus.read_window`` (exact, reset-aware
     increases from the raw samples). One entry per window with a new scrape, ``None`` where a window
     has no value (no token finished); ``interval``: each entry's window index. A window without a
     new scrape has no entry (merged into the next); pairing goes through ``batch_verdict``'s
@@ -94,7 +90,7 @@ def interval_samples(prom, names: engines.MetricNames, labels: dict[str, str], s
     if end.timestamp() - start.timestamp() < step:
         return {"latency": [], "throughput": [], "interval": [], "acceptance": None, "meanAcceptanceLength": None,
                 "acceptanceByPosition": None}
-    obs = observations.observe(prom, names, labels, start.timestamp(), end.timestamp(), interval_s=step)
+    obs = prometheus.read_window(prom, names, labels, start.timestamp(), end.timestamp(), interval_s=step)
     iv = obs.intervals
     return {"latency": list(iv.per_token_latency_s), "throughput": list(iv.output_tokens_per_s),
             "interval": list(iv.interval), **_acceptance_summary(obs)}
@@ -108,17 +104,17 @@ def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime,
                      now: float | None = None) -> dict[float, float] | None:
     """The cumulative bucket counts of histogram ``metric`` (base name) over [start, end], summed
     over the pods ``labels`` select: ``{le: increase of metric_bucket{le}}``, ``+Inf`` included --
-    what ``statistics.compare_tail_latency`` takes. Exact reset-aware increases from the raw samples,
-    as ``observations`` reads every counter (no PromQL ``increase()`` extrapolation); the
+    what ``stats.compare_tail_latency`` takes. Exact reset-aware increases from the raw samples,
+    as ``prometheus`` reads every counter (no PromQL ``increase()`` extrapolation); the
     ``histogram_quantile`` of these counts is what Prometheus' own function gives for the step.
     None when the histogram has no bucket series or is not scraped past ``end`` yet."""
     t0, t1 = start.timestamp(), end.timestamp()
     if t1 <= t0:
         return None
     now = time.time() if now is None else now
-    lookback = observations.DEFAULT_LOOKBACK_S
+    lookback = prometheus.DEFAULT_LOOKBACK_S
     until = max(t1, min(now, t1 + lookback))
-    series = observations.raw_samples(prom, f"{metric}_bucket", observations.selector(labels), t0 - lookback, until)
+    series = prometheus.raw_samples(prom, f"{metric}_bucket", prometheus.selector(labels), t0 - lookback, until)
     by_le: dict[float, dict[tuple, Any]] = defaultdict(dict)
     for key, pts in series.items():
         le = dict(key).get("le")
@@ -128,7 +124,7 @@ def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime,
         return None
     out = {}
     for le, group in sorted(by_le.items()):
-        d = observations._delta(group, t0, t1)
+        d = prometheus._delta(group, t0, t1)
         if d.unscraped:
             return None
         out[le] = d.value
@@ -151,32 +147,13 @@ def tail_design_effect(engine: str, batch_size: int, mean_acceptance_length: flo
     return float(max(1, batch_size)) * max(1.0, mean_acceptance_length or 1.0)
 
 
-def tail_comparison(prom, names: engines.MetricNames, labels: dict[str, dict[str, str]], start: datetime,
-                    end: datetime, th: Thresholds, design_effect: float = 1.0) -> TailComparison | None:
-    """p95/p99 per-token latency, canary vs control, over [start, end] from the per-token-latency
-    histogram's buckets (``labels``: per role). None when either arm has no buckets yet (an engine
-    without the histogram, or not scraped): no tail, no veto."""
-    if not names.per_token_latency:
-        return None
-    buckets = {role: bucket_increases(prom, names.per_token_latency, labels[role], start, end) for role in b.ROLES}
-    return tail_from_buckets(buckets["control"], buckets["canary"], th, design_effect)
-
-
-def scraped_until(prom, names: engines.MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
+def scraped_until(prom, names: MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
     """``end``, or earlier: a window can only close where Prometheus has scraped every arm."""
-    times = [observations.last_scrape_time(prom, names.generation_tokens, labels) for labels in label_sets]
+    times = [prometheus.last_scrape_time(prom, names.generation_tokens, labels) for labels in label_sets]
     known = [t for t in times if t is not None]
     if len(known) < len(times) or not known:
         return end
     return min(end, datetime.fromtimestamp(min(known), tz=timezone.utc))
-
-
-def _scalar(prom, query: str) -> float | None:
-    res = prom.custom_query(query)
-    if not res:
-        return None
-    x = float(res[0]["value"][1])
-    return x if math.isfinite(x) else None
 
 
 def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:
@@ -187,20 +164,10 @@ def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:
 
 # --- the one pipeline: paired samples -> statistics -> verdict (the operator and `analyze`) ----------
 
-#: Tests per batch size (per-token latency, throughput, tail latency): the family-wise split.
-METRICS_PER_BATCH = DEFAULT_METRICS_PER_BATCH
-
-
-def family_split(th: Thresholds, planned: int) -> Thresholds:
-    """Each test's share of ``th.confidence`` over ``planned`` batch sizes x ``METRICS_PER_BATCH``
-    tests (``Thresholds.for_family``): the operator's split, and ``analyze``'s."""
-    return th.for_family(max(1, planned), METRICS_PER_BATCH)
-
-
 def tail_from_buckets(control: dict[float, float] | None, canary: dict[float, float] | None, th: Thresholds,
                       design_effect: float = 1.0) -> TailComparison | None:
     """p95/p99 per-token latency, canary vs control, from each role's per-token-latency histogram
-    buckets over the step (``statistics.compare_tail_latency``). None when either role has no
+    buckets over the step (``stats.compare_tail_latency``). None when either role has no
     buckets (an engine without the histogram, or not read): no tail, no veto."""
     if control is None or canary is None:
         return None
@@ -211,9 +178,9 @@ def tail_from_buckets(control: dict[float, float] | None, canary: dict[float, fl
         return None
 
 
-def paired_verdict(batch_size: int, pairs: list[observations.PairedSample], th: Thresholds, engine: str, *,
-                   acceptance: float | None = None, acceptance_length: float | None = None) -> BatchVerdict:
-    """Canary vs control at one batch size from its paired samples (``observations.paired_sample``,
+def paired_verdict(batch_size: int, pairs: list[prometheus.PairedSample], th: Thresholds, engine: str, *,
+                   acceptance: float | None = None, acceptance_length: float | None = None) -> BatchComparison:
+    """Canary vs control at one batch size from its paired samples (``prometheus.paired_sample``,
     one per interval, whichever source read them): per-token latency and throughput by the paired
     anytime-valid test (``PairedComparison``), the tail (p95/p99 from the summed histogram buckets)
     as a veto, and the canary's acceptance rate. ``th``: each test's share (``family_split``).
@@ -223,75 +190,88 @@ def paired_verdict(batch_size: int, pairs: list[observations.PairedSample], th: 
     lat.add_pairs([p.control.per_token_latency_s for p in pairs], [p.canary.per_token_latency_s for p in pairs])
     tp.add_pairs([p.control.tokens_per_s for p in pairs], [p.canary.tokens_per_s for p in pairs])
     canary = [p.canary for p in pairs]
-    rate = observations.acceptance_rate(canary)
-    length = observations.mean_acceptance_length(canary)
+    rate = prometheus.acceptance_rate(canary)
+    length = prometheus.mean_acceptance_length(canary)
     effect = tail_design_effect(engine, batch_size, length if length is not None else acceptance_length)
-    tail = tail_from_buckets(observations.summed_buckets(p.control for p in pairs),
-                             observations.summed_buckets(canary), th, effect)
-    return BatchVerdict(batch_size, lat.result(), tp.result(), rate if rate is not None else acceptance, tail=tail)
+    tail = tail_from_buckets(prometheus.summed_buckets(p.control for p in pairs),
+                             prometheus.summed_buckets(canary), th, effect)
+    return BatchComparison(batch_size, lat.result(), tp.result(), rate if rate is not None else acceptance, tail=tail)
 
 
 # --- what each phase needs (statemachine.NEEDS) --------------------------------------------------
 
-def preflight(spec: LookaheadPolicySpec, targets: list[sm.Target]) -> sm.PreflightResult:
-    """Preflight from the fleet's own metrics; an unreachable Prometheus or missing metrics
-    degrade to Unknown (measurement goes ahead and says so), never to a promotion by themselves."""
-    names = engines.metric_names(targets[0].engine or "reference") if targets else engines.metric_names("reference")
+class FleetTarget(Protocol):
+    """What the preflight reads of a target Deployment: where it is and which engine it runs."""
+
+    namespace: str
+    name: str
+    engine: str | None
+
+
+#: The preflight reads the fleet's last half hour.
+PREFLIGHT_WINDOW_S = 1800.0
+
+
+def read_preflight(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget],
+                   now: float | None = None) -> PreflightResult:
+    """Preflight from the fleet's own metrics over the last ``PREFLIGHT_WINDOW_S``
+    (``prometheus.fleet_signals`` of the targets' pods); an unreachable Prometheus or missing
+    metrics degrade to Unknown (measurement goes ahead and says so), never to a promotion by themselves."""
     signals: dict[str, Any] = {}
     missing_note = None
-    try:
-        prom = _prom(spec)
-        pods = "|".join(f"{t.name}-.*" for t in targets)
-        namespaces = "|".join(sorted({t.namespace for t in targets}))
-        sel = f'{{namespace=~"{namespaces}",pod=~"{pods}"}}'
-        queries: dict[str, str] = {}
-        if names.prefill_time and names.decode_time:
-            queries["prefill_seconds"] = (f"sum(increase({names.prefill_time}_sum{sel}[30m])) / "
-                                          f"sum(increase({names.prefill_time}_count{sel}[30m]))")
-            queries["decode_seconds"] = (f"sum(increase({names.decode_time}_sum{sel}[30m])) / "
-                                         f"sum(increase({names.decode_time}_count{sel}[30m]))")
-        if names.running:
-            for quant in (0.5, 0.9, 0.99):
-                queries[f"q{quant}"] = f"quantile_over_time({quant}, sum({names.running}{sel})[30m:15s])"
-        # GPU series: dcgm-exporter's namespace/pod, or exported_namespace/exported_pod where Prometheus
-        # scraped the exporter with honorLabels: false (its Helm chart); `or` keeps a series once
-        gpu_sels = [f'{{{ns}=~"{namespaces}",{pod}=~"{pods}"}}' for ns, pod in observations.DCGM_POD_LABELS]
-        for key, metric in DCGM_SIGNALS.items():
-            queries[key] = "avg(" + " or ".join(f"avg_over_time({metric}{g}[30m])" for g in gpu_sels) + ")"
-        # the queries are independent: ask them at once (the pass waits for the slowest, not the sum)
-        with ThreadPoolExecutor(max_workers=len(queries)) as pool:
-            values = dict(zip(queries, pool.map(lambda q: _scalar(prom, q), queries.values())))
-        quantiles = {float(k[1:]): v for k, v in values.items() if k.startswith("q") and v is not None}
-        if names.running:
-            signals["running_batch_quantiles"] = quantiles or None
-        for key, v in values.items():
-            if key.startswith("q") or v is None:
-                continue
-            signals[key] = v / 100.0 if key == "gpu_util" else v
-    except Exception as exc:  # noqa: BLE001 - Prometheus down or refusing: say so, measure anyway
-        missing_note = f"Prometheus at {spec.analysis.prometheus.url} could not be read ({type(exc).__name__}: {exc})"
-    result = run_preflight({k: v for k, v in signals.items() if v is not None}).to_dict()
-    reasons = ([missing_note] if missing_note else []) + list(result.get("reasons") or [])
-    q = signals.get("running_batch_quantiles")
-    auto = production_batch_sizes(q, 64) if q else [1, 8]
-    sizes = list(spec.load.batch_sizes or auto)
+    if targets:
+        try:
+            signals = _fleet_preflight_signals(spec, targets, time.time() if now is None else now)
+        except READ_ERRORS as exc:  # Prometheus down or refusing: say so, measure anyway
+            missing_note = (f"Prometheus at {spec.analysis.prometheus.url} could not be read "
+                            f"({type(exc).__name__}: {exc})")
+    return _preflight_result(spec, signals, missing_note)
+
+
+def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget], now: float) -> dict[str, Any]:
+    """``preflight.screen``'s input from the targets' pods (engine series by ``namespace``/``pod``,
+    GPU series by either label pair), GPU_UTIL as a fraction. The window closes where every engine
+    series has been scraped. TTFT share is left out: the runtime preflight has never screened on it."""
+    prom = _prom(spec)
+    names = metric_names(targets[0].engine or "reference")
+    namespaces = sorted({t.namespace for t in targets})
+    pods = [t.name for t in targets]
+    labels, regex = prometheus.pod_match("namespace", "pod", namespaces, pods, deployments=True)
+    scraped = prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
+    end = min(now, scraped) if scraped is not None else now
+    fleet = prometheus.fleet_signals(prom, names, {}, end - PREFLIGHT_WINDOW_S, end, namespace=namespaces,
+                                       pods=pods, deployments=True, engine_by_pod=True, now=now)
+    signals = {k: v for k, v in fleet.preflight_signals().items() if k != "ttft_share"}
+    if signals.get("gpu_util") is not None:
+        signals["gpu_util"] /= 100.0   # dcgm-exporter's GPU_UTIL is a percentage
+    return signals
+
+
+def _preflight_result(spec: LookaheadPolicySpec, signals: dict[str, Any], missing_note: str | None
+                      ) -> PreflightResult:
+    """The preflight's status and sweep from the signals read (``preflight.screen``; ``batchSizes:
+    auto`` from the running-batch quantiles, [1, 8] without them)."""
     from pydantic.alias_generators import to_camel
 
+    result = screen({k: v for k, v in signals.items() if v is not None}).to_dict()
+    reasons = ([missing_note] if missing_note else []) + list(result.get("reasons") or [])
+    q = signals.get("running_batch_quantiles")
+    sizes = list(spec.load.batch_sizes or (production_batch_sizes(q, 64) if q else [1, 8]))
     numbers = {to_camel(k): float(v) for k, v in signals.items() if isinstance(v, (int, float)) and math.isfinite(v)}
     for quant, v in (q or {}).items():
         numbers[f"runningP{round(quant * 100)}"] = float(v)
     status = PreflightStatus(candidate=result.get("candidate", True), verdict=result.get("verdict"),
                              reasons=reasons or None, missing=result.get("missing") or None,
                              signals=numbers or None, batch_sizes=sizes)
-    return sm.PreflightResult(status=status, batch_sizes=sizes)
+    return PreflightResult(status=status, batch_sizes=sizes)
 
 
 def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size: int, start: datetime,
-                  end: datetime, engine: str, planned: int = 1) -> tuple[BatchVerdict, dict[str, Any]]:
+                  end: datetime, engine: str, planned: int = 1) -> tuple[BatchComparison, dict[str, Any]]:
     """Canary vs control at one batch size over [start + warmup, end], window by window (both arms
     are driven at once, so window i of each covers the same wall-clock interval: drift shared by
-    both cancels). The Prometheus source of the one pipeline: ``observations.observe`` reads each
-    role's per-window counter increases (``interval_increments``), ``observations.paired_sample``
+    both cancels). The Prometheus source of the one pipeline: ``prometheus.read_window`` reads each
+    role's per-window counter increases (``interval_increments``), ``prometheus.paired_sample``
     turns window i of both into a pair, ``paired_verdict`` gives the verdict -- the same functions
     ``kubectl lookahead analyze`` runs on its direct reads of the engines' ``/metrics``. Each test
     runs at its share of the policy's error budget (``planned`` batch sizes x latency, throughput
@@ -299,25 +279,25 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     over the whole step) is a veto: a canary faster on the mean but with a tail beyond
     ``maxTailLatencyRegression`` Regresses."""
     prom = _prom(spec)
-    names = engines.metric_names(engine)
+    names = metric_names(engine)
     th = family_thresholds(spec, planned)
     start = start + spec.load.warmup
     interval = spec.analysis.sample_interval.total_seconds()
-    labels = {role: role_labels(policy, role) for role in b.ROLES}
+    labels = {role: role_labels(policy, role) for role in api.ROLES}
     end = scraped_until(prom, names, list(labels.values()), end)
-    obs = {role: (observations.observe(prom, names, labels[role], start.timestamp(), end.timestamp(),
+    obs = {role: (prometheus.read_window(prom, names, labels[role], start.timestamp(), end.timestamp(),
                                        interval_s=interval, tail_buckets=True)
-                  if end.timestamp() - start.timestamp() >= interval else None) for role in b.ROLES}
+                  if end.timestamp() - start.timestamp() >= interval else None) for role in api.ROLES}
     incs = {role: o.interval_increments if o is not None else [] for role, o in obs.items()}
     # the same bounds for both roles: interval i of each is the same window
-    pairs = [observations.paired_sample(c, k, names) for c, k in zip(incs["control"], incs["canary"])]
+    pairs = [prometheus.paired_sample(c, k, names) for c, k in zip(incs["control"], incs["canary"])]
     canary = _acceptance_summary(obs["canary"])
     bv = paired_verdict(batch_size, pairs, th, engine, acceptance=canary["acceptance"],
                         acceptance_length=canary["meanAcceptanceLength"])
     return bv, canary
 
 
-def _acceptance_summary(obs: observations.Observation | None) -> dict[str, Any]:
+def _acceptance_summary(obs: prometheus.Observation | None) -> dict[str, Any]:
     """Acceptance over the whole window as ``interval_samples`` reports it (each ``None`` when not
     measured)."""
     if obs is None:
@@ -334,28 +314,28 @@ def family_thresholds(spec: LookaheadPolicySpec, planned: int) -> Thresholds:
 
 
 def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,
-         now: datetime) -> sm.StepMeasurement | None:
+         now: datetime) -> StepMeasurement | None:
     p = status.progress
     sizes = p.batch_sizes or [1]
     i = p.step or 0
     if i >= len(sizes) or p.load_started_at is None:
         return None   # the step's load is not running yet: nothing to measure
     th = family_thresholds(spec, len(sizes))
-    bv, canary = batch_verdict(spec, policy, sizes[i], p.load_started_at, now, _engine(status), len(sizes))
+    bv, canary = batch_verdict(spec, policy, sizes[i], p.load_started_at, now, status_engine(status), len(sizes))
     row = BatchResult.model_validate({**bv.to_status(th), "meanAcceptanceLength": canary.get("meanAcceptanceLength"),
                                       "acceptanceByPosition": canary.get("acceptanceByPosition")})
-    return sm.StepMeasurement(row=row, conclusive=bv.settled(th))
+    return StepMeasurement(row=row, conclusive=bv.settled(th))
 
 
-def _engine(status: LookaheadPolicyStatus) -> str:
+def status_engine(status: LookaheadPolicyStatus) -> str:
     targets = status.targets or []
     return (targets[0].engine if targets else None) or "reference"
 
 
-def verdict_from_row(row: BatchResult, th: Thresholds) -> BatchVerdict:
+def verdict_from_row(row: BatchResult, th: Thresholds) -> BatchComparison:
     """Rebuild a verdict from a stored status row (it holds every number the decision needs, at
     full precision), so a restarted operator decides from what is in the cluster, not from memory."""
-    return BatchVerdict.from_status(row.to_dict(), th)
+    return BatchComparison.from_status(row.to_dict(), th)
 
 
 def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch_size: int | None = None) -> Decision:
@@ -363,7 +343,8 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     machine is in Deciding: missing answers are final. ``planned`` is the sweep the policy set out
     to measure (an unmeasured size is never a win); lookahead is never enabled beyond the largest
     batch size measured as a win, and on everywhere only when that reaches ``max_batch_size`` (the
-    engine's max_num_seqs)."""
+    engine's max_num_seqs). The engine config a regime-aware promotion writes is the controller's
+    to add (``Decision.config``)."""
     planned = list(status.progress.batch_sizes or [r.batch_size for r in status.batches or []] or [1])
     th = family_thresholds(spec, len(planned))
     rows = status.batches or []
@@ -371,12 +352,6 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
                max_batch_size=max_batch_size)
     out = d.to_dict()
     out.pop("outcomes", None)
-    engine = _engine(status)
-    if d.action is Action.PROMOTE_REGIME_AWARE and d.lookahead_max_batch_size:
-        try:
-            out["config"] = engines.regime_config(engine, spec.lookahead, d.lookahead_max_batch_size)
-        except engines.EngineError as exc:
-            out["config"] = {"error": str(exc)}
     out["evidence"] = {"batches": [r.to_dict() for r in rows], "planned": planned, "maxBatchSize": max_batch_size,
                        "thresholds": {"minLatencyImprovement": th.min_latency_improvement,
                                       "maxThroughputRegression": th.max_throughput_regression,
@@ -386,40 +361,45 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     return Decision.model_validate(out)
 
 
-def promotion_regime(status: LookaheadPolicyStatus) -> int | None:
-    """The largest batch size at which lookahead stays on (regime-aware), or None (everywhere)."""
-    d = status.decision
+def regime_cap(d: Decision | None) -> int | None:
+    """The largest batch size at which a regime-aware promotion keeps lookahead on, or None (no
+    decision, or lookahead on everywhere)."""
     if d is None or d.action != DecisionAction.PromoteRegimeAware:
         return None
     on = [r.end for r in d.regime or [] if r.enabled]
     return max(on) if on else None
 
 
+def promotion_regime(status: LookaheadPolicyStatus) -> int | None:
+    """The largest batch size at which lookahead stays on (regime-aware), or None (everywhere)."""
+    return regime_cap(status.decision)
+
+
 def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
-          jobs: list[dict]) -> sm.GuardCheck:
+          jobs: list[dict]) -> GuardCheck:
     """A promoted fleet pod vs the control, both driven by the guard's current load Jobs at the batch
-    size the state machine is guarding (``statemachine.guard_batch_sizes``: after a regime-aware
+    size the state machine is guarding (``results.guard_batch_sizes``: after a regime-aware
     promotion one inside the lookahead range, then one above it), on output throughput since those
     Jobs started. A regression beyond the guard's tolerance, with confidence, rolls back. The
     confidence is split over the guard's batch sizes (one of them: the policy's)."""
-    legs = sm.guard_batch_sizes(status)
+    legs = guard_batch_sizes(status)
     run = str(status.progress.load_run or 0)
-    current = [j for j in jobs if j["metadata"]["labels"].get(b.LABEL_RUN) == run]
-    promoted_job = next((j for j in current if j["metadata"]["labels"].get(b.LABEL_DRIVES) == "promoted"), None)
+    current = [j for j in jobs if j["metadata"]["labels"].get(api.LABEL_RUN) == run]
+    promoted_job = next((j for j in current if j["metadata"]["labels"].get(api.LABEL_DRIVES) == "promoted"), None)
     if promoted_job is None:
-        return sm.GuardCheck(False, "guard: waiting for the guard load to start", enough_data=False)
+        return GuardCheck(False, "guard: waiting for the guard load to start", enough_data=False)
     start = status.progress.load_started_at
     if start is None:
-        return sm.GuardCheck(False, "guard: waiting for the guard load's pods to run", enough_data=False)
+        return GuardCheck(False, "guard: waiting for the guard load's pods to run", enough_data=False)
     pod_ns = promoted_job["metadata"]["namespace"]
-    pod = promoted_job["metadata"]["labels"][b.LABEL_POD]
+    pod = promoted_job["metadata"]["labels"][api.LABEL_POD]
     th = thresholds(spec)
     if len(legs) > 1:  # one rollback decision over the guard's batch sizes: split its error budget
         th = th.for_family(len(legs), 1)
     tol = spec.promotion.guard.max_throughput_regression
     tol = tol if tol is not None else th.max_throughput_regression
     prom = _prom(spec)
-    names = engines.metric_names(_engine(status))
+    names = metric_names(status_engine(status))
     interval = spec.analysis.sample_interval.total_seconds()
     comp = SequentialComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
     start = start + timedelta(seconds=interval)  # let the closed loop fill
@@ -429,8 +409,8 @@ def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
                                          interval)["throughput"])
     r = comp.result()
     if r.estimate is None or r.interval is None:
-        return sm.GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
+        return GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
     words = (f"promoted pod {pod_ns}/{pod} throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
              f"{r.interval[1] * 100:+.1f}%] vs the control ({th.confidence * 100:g}% CS, "
              f"n={r.n_canary}/{r.n_control})")
-    return sm.GuardCheck(r.verdict.value == "Worse", words)
+    return GuardCheck(r.verdict.value == "Worse", words)

@@ -54,7 +54,7 @@ __all__ = [
     "DCGM_SIGNALS",
     "DCGM_DEFAULT_ON",
     "DCGM_MISSING_HINTS",
-    "preflight",
+    "screen",
     "production_batch_sizes",
 ]
 
@@ -172,7 +172,7 @@ def _median(q: dict[float, float]) -> float:
     return q[min(q, key=lambda k: abs(k - 0.5))]
 
 
-def preflight(signals: Mapping[str, Any], thresholds: PreflightThresholds | None = None) -> Preflight:
+def screen(signals: Mapping[str, Any], thresholds: PreflightThresholds | None = None) -> Preflight:
     th = thresholds or PreflightThresholds()
     prefill, decode = _num(signals.get("prefill_seconds")), _num(signals.get("decode_seconds"))
     quant = _quantiles(signals.get("running_batch_quantiles"))

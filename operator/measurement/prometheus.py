@@ -1,6 +1,6 @@
 """Observations from Prometheus: what each role (canary / control) did in one step window.
 
-``observe(prom, engine_metrics, selector_labels, start, end) -> Observation`` reads, for the
+``read_window(prom, engine_metrics, selector_labels, start, end) -> Observation`` reads, for the
 series matching ``selector_labels`` (e.g. ``{"lookahead_dev_policy": "p", "lookahead_dev_role":
 "canary"}``) in the window ``[start, end]`` (Unix seconds):
 
@@ -59,10 +59,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from lookahead_operator.api.names import PROM_LABEL_POLICY as LABEL_POLICY
 from lookahead_operator.api.names import PROM_LABEL_ROLE as LABEL_ROLE
-from lookahead_operator.api.names import PROM_LABEL_TARGET as LABEL_TARGET
-from lookahead_operator.engines.adapters import MetricNames, metric_names
+from lookahead_operator.api.metric_names import MetricNames, metric_names
+from lookahead_operator.measurement.acceptance import acceptance_length, position_key
 from lookahead_operator.measurement.preflight import DCGM_MISSING_HINTS, DCGM_SIGNALS
 
 #: How far before ``start`` to look for the baseline sample (Prometheus' own staleness limit).
@@ -194,10 +193,6 @@ class Observation:
     @property
     def role(self) -> str | None:
         return self.selector.get(LABEL_ROLE)
-
-    @property
-    def window_s(self) -> float:
-        return self.end - self.start
 
     def values(self) -> dict[str, Measured]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, Measured)}
@@ -358,23 +353,17 @@ def mean_acceptance_length(samples: Iterable[RoleSample]) -> float | None:
     """Tokens per verification step over the intervals, bonus token included: 1 + accepted /
     drafts (an engine without an accepted-token counter: generated / drafts, as SGLang)."""
     samples = list(samples)
-    drafts = _total(s.drafts for s in samples)
-    if not drafts:
-        return None
-    a = _total(s.accepted_tokens for s in samples)
-    if a is not None:
-        return 1.0 + a / drafts
-    gen = _total(s.output_tokens for s in samples)
-    return gen / drafts if gen else None
+    return acceptance_length(_total(s.drafts for s in samples), _total(s.accepted_tokens for s in samples),
+                             _total(s.output_tokens for s in samples))
 
 
 # --- the direct source: an engine's own /metrics --------------------------------------------
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class EngineScrape:
     """One read of an engine's ``/metrics``: sample name -> value summed over label sets (the
-    per-position acceptance counter also per position, under ``report.position_key``), and the
+    per-position acceptance counter also per position, under ``acceptance.position_key``), and the
     per-token-latency histogram's cumulative buckets (``le`` -> count)."""
 
     t: float
@@ -386,8 +375,6 @@ def parse_exposition(text: str, bucket_metric: str | None = None) -> tuple[dict[
     """Prometheus text exposition -> (sample name -> value summed over label sets, ``_bucket`` and
     ``_created`` samples left out; buckets of ``bucket_metric`` (base name) by ``le``, summed)."""
     from prometheus_client.parser import text_string_to_metric_families
-
-    from lookahead_operator.cli.report import position_key
 
     values: dict[str, float] = {}
     buckets: dict[float, float] = {}
@@ -408,7 +395,7 @@ def parse_exposition(text: str, bucket_metric: str | None = None) -> tuple[dict[
     return values, buckets
 
 
-def scrape_engine(url: str, engine_metrics: MetricNames | str | None = None, timeout: float = 10.0) -> Snapshot:
+def scrape_engine(url: str, engine_metrics: MetricNames | str | None = None, timeout: float = 10.0) -> EngineScrape:
     """Read an engine's ``/metrics`` once (``urllib``; raises ``OSError`` when it cannot). The time
     is the middle of the request (the engine renders its counters while answering)."""
     import urllib.request
@@ -420,10 +407,10 @@ def scrape_engine(url: str, engine_metrics: MetricNames | str | None = None, tim
         text = r.read().decode()
     t1 = time.time()
     values, buckets = parse_exposition(text, m.per_token_latency if m is not None else None)
-    return Snapshot(t=(t0 + t1) / 2.0, values=values, buckets=buckets or None)
+    return EngineScrape(t=(t0 + t1) / 2.0, values=values, buckets=buckets or None)
 
 
-def increments_between(before: Snapshot, after: Snapshot) -> Increments:
+def increments_between(before: EngineScrape, after: EngineScrape) -> Increments:
     """The direct source of :class:`Increments`: what the engine counted between two reads of its
     ``/metrics``. A value that went down is a restart: the new value is all new (as Prometheus
     counts a counter reset)."""
@@ -621,7 +608,7 @@ def _gauge_mean(r: _Reader, metric: str | None, what: str) -> Measured:
     return Measured.of(mean, n)
 
 
-def observe(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
+def read_window(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
             start: float, end: float, *, interval_s: float | None = None,
             min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
             now: float | None = None, tail_buckets: bool = False) -> Observation:
@@ -766,14 +753,14 @@ def _acceptance_detail(r: _Reader, m: MetricNames, gen: _Delta | None
         elif da.unscraped:
             length = Measured.missing(_not_scraped_reason(m.accepted_tokens, r.sel, r.end), unit)
         else:
-            length = Measured.of(1.0 + da.value / drafts.value, int(drafts.value), unit)
+            length = Measured.of(acceptance_length(drafts.value, da.value, None), int(drafts.value), unit)
     elif m.drafts and (dd is not None or not m.acceptance_length_gauge):
         if not drafts.ok:
             length = Measured.missing(drafts.reason, unit)
         elif gen is None or gen.unscraped or gen.value <= 0:
             length = Measured.missing(f"no generated tokens of {m.generation_tokens}{r.sel} in the window", unit)
         else:
-            length = Measured.of(gen.value / drafts.value, int(drafts.value), unit,
+            length = Measured.of(acceptance_length(drafts.value, None, gen.value), int(drafts.value), unit,
                                  reason=f"{m.generation_tokens} / {m.drafts} (both counted when a request "
                                         "finishes; each request's first token, from prefill, included)")
     elif m.acceptance_length_gauge:
@@ -941,31 +928,19 @@ def prometheus_increments(prom: Any, engine_metrics: MetricNames | str, selector
     return _interval_increments(r, m, bounds, buckets=buckets)
 
 
-def observe_roles(prom: Any, engine_metrics: MetricNames | str, base_labels: Mapping[str, str],
+def read_windows(prom: Any, engine_metrics: MetricNames | str, base_labels: Mapping[str, str],
                   start: float, end: float, roles: Iterable[str] = ("control", "canary"),
                   **kwargs: Any) -> dict[str, Observation]:
-    """:func:`observe` for each role (``lookahead_dev_role``) under the same base labels."""
-    return {role: observe(prom, engine_metrics, {**base_labels, LABEL_ROLE: role}, start, end, **kwargs)
+    """:func:`read_window` for each role (``lookahead_dev_role``) under the same base labels."""
+    return {role: read_window(prom, engine_metrics, {**base_labels, LABEL_ROLE: role}, start, end, **kwargs)
             for role in roles}
 
 
-def role_selector(policy: str | None = None, role: str | None = None, target: str | None = None,
-                  **extra: str) -> dict[str, str]:
-    """Prometheus label selector for the pods of a policy / role / target."""
-    out = dict(extra)
-    if policy:
-        out[LABEL_POLICY] = policy
-    if role:
-        out[LABEL_ROLE] = role
-    if target:
-        out[LABEL_TARGET] = target
-    return out
-
-
-def last_scrape_time(prom: Any, metric: str, selector_labels: Mapping[str, str]) -> float | None:
+def last_scrape_time(prom: Any, metric: str, selector_labels: Mapping[str, str],
+                     regex: Mapping[str, str] | None = None) -> float | None:
     """Time of the newest sample of ``metric{selector}`` (min over series), or None."""
     client = _client(prom)
-    q = f"min(timestamp({metric}{selector(selector_labels)}))"
+    q = f"min(timestamp({metric}{selector(selector_labels, regex)}))"
     try:
         res = client.custom_query(query=q)
     except Exception as exc:  # noqa: BLE001
@@ -1029,7 +1004,7 @@ class FleetSignals:
     notes: list[str] = field(default_factory=list)
 
     def preflight_signals(self) -> dict[str, Any]:
-        """The input of ``lookahead_operator.measurement.preflight.preflight``: plain numbers, ``None`` where
+        """The input of ``lookahead_operator.measurement.preflight.screen``: plain numbers, ``None`` where
         a signal is missing (sparse values are passed on: the preflight only screens)."""
         def v(m: Measured) -> float | None:
             return m.value if m.state is not State.MISSING else None
@@ -1067,67 +1042,53 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
-                  start: float, end: float, *, namespace: str | None = None,
-                  pods: Sequence[str] | None = None, dcgm_labels: Mapping[str, str] | None = None,
-                  min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
-                  now: float | None = None) -> FleetSignals:
-    """Preflight signals for a fleet: prefill vs decode time, running-request quantiles (for
-    ``batchSizes: auto``), and the DCGM counters of ``preflight.DCGM_SIGNALS`` (DRAM, GR engine,
-    SM, SM occupancy and tensor-pipe activity, GPU_UTIL).
+def _regex_literal(text: str) -> str:
+    """``text`` matched literally inside a Prometheus (RE2) regex."""
+    return re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\1", text)
 
-    DCGM series are selected by ``dcgm_labels`` plus ``namespace`` and ``pod=~"pod1|pod2"``
-    (dcgm-exporter's Kubernetes mapping) -- and, as a second selector whose series are merged in,
-    ``exported_namespace`` / ``exported_pod`` (the same labels when Prometheus scraped the exporter
-    with ``honorLabels: false``, as its Helm chart does); with none of these given, by
-    ``selector_labels``. Profiling counters are fractions 0..1; GPU_UTIL is a percentage and is
-    reported but means kernel residency, not spare compute.
-    """
-    m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
-    r = _Reader(prom, selector_labels, start, end, lookback_s=lookback_s, now=now)
-    notes: list[str] = []
-    prefill = _histogram_mean(r, m.prefill_time, "s", min_requests, "prefill time")
-    decode = _histogram_mean(r, m.decode_time, "s", min_requests, "decode time")
-    ttft = _histogram_mean(r, m.ttft, "s", min_requests, "TTFT")
-    e2e = _histogram_mean(r, m.e2e, "s", min_requests, "end-to-end latency")
-    ptl = _histogram_mean(r, m.per_token_latency, "s", min_requests, "per-token latency")
 
-    qs: dict[str, Measured] = {}
-    pts = r.gauge_points(m.running) if m.running else {}
-    allv = [v for vals in pts.values() for v in vals]
+def pod_match(ns_label: str, pod_label: str, namespace: str | Sequence[str] | None, pods: Sequence[str] | None,
+              deployments: bool = False, base: Mapping[str, str] | None = None
+              ) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, regex) for ``selector``: the series of ``pods`` in ``namespace`` (one name, or
+    several) under the label pair ``ns_label`` / ``pod_label``. ``deployments``: ``pods`` are
+    Deployment names, whose pods are named ``<name>-...``."""
+    labels, regex = dict(base or {}), {}
+    namespaces = sorted({namespace} if isinstance(namespace, str) else set(namespace or ()))
+    if len(namespaces) == 1:
+        labels[ns_label] = namespaces[0]
+    elif namespaces:
+        regex[ns_label] = "|".join(_regex_literal(n) for n in namespaces)
+    if pods:
+        regex[pod_label] = "|".join(_regex_literal(p) + ("-.*" if deployments else "") for p in pods)
+    return labels, regex
+
+
+def _running_quantiles(r: _Reader, m: MetricNames) -> dict[str, Measured]:
+    """p50 / p90 / p99 / max / mean of the running-requests gauge, pooled over its series (each
+    engine's own running batch) and samples in the window."""
+    keys = ("p50", "p90", "p99", "max", "mean")
     if not m.running:
-        for k in ("p50", "p90", "p99", "max", "mean"):
-            qs[k] = Measured.missing("the engine exports no running-requests gauge")
-    elif not allv:
-        for k in ("p50", "p90", "p99", "max", "mean"):
-            qs[k] = Measured.missing(f"no samples of {m.running}{r.sel} in the window")
-    else:
-        make = Measured.of if len(allv) >= 10 else (
-            lambda v, n, u: Measured.sparse(v, f"only {n} samples of the running gauge", n, u))
-        qs["p50"] = make(_quantile(allv, 0.5), len(allv), "requests")
-        qs["p90"] = make(_quantile(allv, 0.9), len(allv), "requests")
-        qs["p99"] = make(_quantile(allv, 0.99), len(allv), "requests")
-        qs["max"] = make(max(allv), len(allv), "requests")
-        qs["mean"] = make(statistics.fmean(allv), len(allv), "requests")
+        return {k: Measured.missing("the engine exports no running-requests gauge") for k in keys}
+    allv = [v for vals in r.gauge_points(m.running).values() for v in vals]
+    if not allv:
+        return {k: Measured.missing(f"no samples of {m.running}{r.sel} in the window") for k in keys}
+    n = len(allv)
+    make = Measured.of if n >= 10 else (lambda v, k, u: Measured.sparse(v, f"only {k} samples of the running gauge", k, u))
+    values = (_quantile(allv, 0.5), _quantile(allv, 0.9), _quantile(allv, 0.99), max(allv), statistics.fmean(allv))
+    return {k: make(v, n, "requests") for k, v in zip(keys, values)}
 
-    readers: list[_Reader] = []
-    if namespace or pods:
-        pod_re = "|".join(re.sub(r"([.+*?()\[\]{}|^$\\])", r"\\\1", p) for p in pods or [])
-        for ns_label, pod_label in DCGM_POD_LABELS:
-            dl = dict(dcgm_labels or {})
-            if namespace:
-                dl[ns_label] = namespace
-            readers.append(_Reader(prom, dl, start, end, lookback_s=lookback_s, now=now,
-                                   regex={pod_label: pod_re} if pods else None))
-    else:
-        readers.append(_Reader(prom, dict(dcgm_labels or selector_labels), start, end, lookback_s=lookback_s,
-                               now=now))
+
+def _dcgm_signals(readers: Sequence[_Reader]) -> tuple[dict[str, Measured], dict[str, dict[str, Measured]], list[str]]:
+    """(each DCGM signal's window mean, the same per workload pod, notes) over the series any of
+    ``readers`` selects (a series both select counts once)."""
     dcgm: dict[str, Measured] = {}
     by_pod: dict[str, dict[str, Measured]] = {}
+    notes: list[str] = []
     for key, metric in DCGM_METRICS.items():
         series: dict[tuple, list[float]] = {}
         for d in readers:
-            series.update(d.gauge_points(metric))   # a series both selectors match counts once
+            series.update(d.gauge_points(metric))
         vals = [v for vs in series.values() for v in vs]
         unit = "%" if key == "gpu_util" else "fraction"
         if not series or not vals:
@@ -1136,22 +1097,57 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
             continue
         dcgm[key] = Measured.of(statistics.fmean(vals), len(vals), unit)
         for labels, vs in series.items():
-            if not vs:
-                continue
-            pod_key = _workload_pod(dict(labels))
-            by_pod.setdefault(pod_key, {})
-            prev = by_pod[pod_key].get(key)
-            # several GPUs per pod: average them
-            if prev is None:
-                by_pod[pod_key][key] = Measured.of(statistics.fmean(vs), len(vs), unit)
-            else:
-                n = prev.samples + len(vs)
-                by_pod[pod_key][key] = Measured.of((prev.value * prev.samples + sum(vs)) / n, n, unit)
+            if vs:
+                pod = by_pod.setdefault(_workload_pod(dict(labels)), {})
+                prev = pod.get(key)   # several GPUs per pod: average them
+                if prev is None:
+                    pod[key] = Measured.of(statistics.fmean(vs), len(vs), unit)
+                else:
+                    n = prev.samples + len(vs)
+                    pod[key] = Measured.of((prev.value * prev.samples + sum(vs)) / n, n, unit)
     if dcgm["gpu_util"].ok:
         notes.append("DCGM_FI_DEV_GPU_UTIL is kernel residency (reads 90%+ on memory-bound decode); "
                      "it is reported, never used as evidence of no spare compute")
-    return FleetSignals(start=start, end=end, engine=m.engine, prefill_time_s=prefill, decode_time_s=decode,
-                        ttft_s=ttft, e2e_s=e2e, per_token_latency_s=ptl, running_p50=qs["p50"], running_p90=qs["p90"],
+    return dcgm, by_pod, notes
+
+
+def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
+                  start: float, end: float, *, namespace: str | Sequence[str] | None = None,
+                  pods: Sequence[str] | None = None, deployments: bool = False, engine_by_pod: bool = False,
+                  dcgm_labels: Mapping[str, str] | None = None, min_requests: int = DEFAULT_MIN_REQUESTS,
+                  lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None) -> FleetSignals:
+    """Preflight signals for a fleet: prefill vs decode time, running-request quantiles (for
+    ``batchSizes: auto``), and the DCGM counters of ``preflight.DCGM_SIGNALS`` (DRAM, GR engine,
+    SM, SM occupancy and tensor-pipe activity, GPU_UTIL).
+
+    DCGM series are selected by ``dcgm_labels`` plus ``namespace`` and ``pod=~"pod1|pod2"``
+    (dcgm-exporter's Kubernetes mapping; ``deployments``: ``pods`` are Deployment names, matched as
+    ``name-.*``) -- and, as a second selector whose series are merged in, ``exported_namespace`` /
+    ``exported_pod`` (the same labels when Prometheus scraped the exporter with ``honorLabels:
+    false``, as its Helm chart does); with none of these given, by ``selector_labels``. Engine
+    series are selected by ``selector_labels`` (and, with ``engine_by_pod``, by the same
+    ``namespace`` / ``pod`` match). Profiling counters are fractions 0..1; GPU_UTIL is a
+    percentage and is reported but means kernel residency, not spare compute.
+    """
+    m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
+    window = dict(lookback_s=lookback_s, now=now)
+    labels, regex = pod_match("namespace", "pod", namespace, pods, deployments, selector_labels) \
+        if engine_by_pod else (dict(selector_labels), {})
+    r = _Reader(prom, labels, start, end, regex=regex or None, **window)
+    means = {key: _histogram_mean(r, base, "s", min_requests, what) for key, base, what in (
+        ("prefill", m.prefill_time, "prefill time"), ("decode", m.decode_time, "decode time"),
+        ("ttft", m.ttft, "TTFT"), ("e2e", m.e2e, "end-to-end latency"),
+        ("ptl", m.per_token_latency, "per-token latency"))}
+    qs = _running_quantiles(r, m)
+    if namespace or pods:
+        matches = [pod_match(ns, pod, namespace, pods, deployments, dcgm_labels) for ns, pod in DCGM_POD_LABELS]
+        readers = [_Reader(prom, labels, start, end, regex=regex or None, **window) for labels, regex in matches]
+    else:
+        readers = [_Reader(prom, dict(dcgm_labels or selector_labels), start, end, **window)]
+    dcgm, by_pod, notes = _dcgm_signals(readers)
+    return FleetSignals(start=start, end=end, engine=m.engine, prefill_time_s=means["prefill"],
+                        decode_time_s=means["decode"], ttft_s=means["ttft"], e2e_s=means["e2e"],
+                        per_token_latency_s=means["ptl"], running_p50=qs["p50"], running_p90=qs["p90"],
                         running_p99=qs["p99"], running_max=qs["max"], running_mean=qs["mean"],
                         dram_active=dcgm["dram_active"], sm_active=dcgm["sm_active"],
                         tensor_active=dcgm["tensor_active"], gpu_util=dcgm["gpu_util"],

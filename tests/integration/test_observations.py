@@ -23,7 +23,7 @@ from lookahead_canary import loadgen
 from lookahead_canary.loadgen import Prompt
 from lookahead_operator.measurement import prometheus as obs
 from lookahead_operator.cli.analyze import EngineProcess, metrics_delta, scrape_metrics
-from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.engines import metric_names
 from lookahead_operator.measurement.prometheus import State
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ def test_observations_equal_what_the_engines_recorded(driven, prometheus, role):
     for step, before, after in driven[role]:
         d = metrics_delta(before, after)
         assert step.errors == 0 and step.completed
-        o = obs.observe(prometheus.url, M, sel(role), step.start, step.end, interval_s=1.0, min_requests=1)
+        o = obs.read_window(prometheus.url, M, sel(role), step.start, step.end, interval_s=1.0, min_requests=1)
         where = f"{role} C={step.concurrency}"
 
         # tokens: Prometheus == the engine's counter == the client's usage count
@@ -145,9 +145,9 @@ def test_observations_equal_what_the_engines_recorded(driven, prometheus, role):
 def test_roles_are_kept_apart(driven, prometheus):
     """The control's window read with the canary's selector sees none of the control's tokens."""
     step, _, _ = driven["control"][0]
-    o = obs.observe(prometheus.url, M, sel("canary"), step.start, step.end)
+    o = obs.read_window(prometheus.url, M, sel("canary"), step.start, step.end)
     assert o.output_tokens.state is State.MISSING
-    both = obs.observe_roles(prometheus.url, M, {"lookahead_dev_policy": POLICY}, step.start, step.end)
+    both = obs.read_windows(prometheus.url, M, {"lookahead_dev_policy": POLICY}, step.start, step.end)
     assert both["control"].output_tokens.value == step.output_tokens
 
 
@@ -156,7 +156,7 @@ def test_empty_window_is_missing_not_zero(driven, prometheus, engines_scraped):
     obs.wait_scraped(prometheus.url, M, sel("canary"), after=t0, timeout=60)
     t1 = time.time()
     obs.wait_scraped(prometheus.url, M, sel("canary"), after=t1, timeout=60)
-    o = obs.observe(prometheus.url, M, sel("canary"), t0, t1)
+    o = obs.read_window(prometheus.url, M, sel("canary"), t0, t1)
     for name in ("output_tokens", "output_tokens_per_s", "per_token_latency_s", "requests", "ttft_s",
                  "acceptance_rate"):
         v = getattr(o, name)
@@ -168,6 +168,6 @@ def test_empty_window_is_missing_not_zero(driven, prometheus, engines_scraped):
 def test_window_not_yet_scraped_is_missing(driven, prometheus):
     """A window ending in the future has no end sample: missing, with the reason."""
     now = time.time()
-    o = obs.observe(prometheus.url, M, sel("control"), now - 5, now + 30)
+    o = obs.read_window(prometheus.url, M, sel("control"), now - 5, now + 30)
     assert o.output_tokens.state is State.MISSING
     assert "not scraped since the window end" in o.output_tokens.reason

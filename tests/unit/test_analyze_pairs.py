@@ -15,8 +15,8 @@ from lookahead_canary.metrics import PER_TOKEN_BUCKETS
 from lookahead_operator.cli import analyze
 from lookahead_operator.measurement import measure
 from lookahead_operator.measurement import prometheus as observations
-from lookahead_operator.engines.adapters import metric_names
-from lookahead_operator.measurement.statistics import Verdict
+from lookahead_operator.engines import metric_names
+from lookahead_operator.measurement.stats import Verdict
 
 M = metric_names("reference")
 
@@ -71,7 +71,7 @@ def _batch(control_s: list[float], canary_s: list[float], tokens: int = 32, **ca
     return res
 
 
-TH = analyze.family_thresholds(analyze.make_thresholds(0.05, 0.02, 0.95, 6), 4)
+TH = analyze.family_split(analyze.policy_thresholds(0.05, 0.02, 0.95, 6), 4)
 
 
 def test_the_client_view_pools_decode_time_over_tokens_after_the_first():
@@ -150,7 +150,7 @@ def test_the_tail_veto_reaches_analyze():
     assert res.latency.verdict is Verdict.BETTER
     assert res.verdict.tail is not None and res.verdict.tail.regresses
     assert res.outcome == "Regresses"
-    loose = analyze.family_thresholds(analyze.make_thresholds(0.05, 0.02, 0.95, 6, 20.0), 4)
+    loose = analyze.family_split(analyze.policy_thresholds(0.05, 0.02, 0.95, 6, 20.0), 4)
     res.judge(M, loose, "reference")
     assert res.outcome == "Wins"
 
@@ -163,8 +163,8 @@ def test_acceptance_is_the_canarys_counters_over_the_rounds():
 
 
 def test_the_split_confidence_is_the_operators():
-    th = analyze.family_thresholds(analyze.make_thresholds(0.05, 0.02, 0.95, 6), 4)
-    assert th == measure.family_split(analyze.make_thresholds(0.05, 0.02, 0.95, 6), 4)
+    th = analyze.family_split(analyze.policy_thresholds(0.05, 0.02, 0.95, 6), 4)
+    assert th == measure.family_split(analyze.policy_thresholds(0.05, 0.02, 0.95, 6), 4)
     assert math.isclose(th.confidence, 1 - 0.05 / (4 * 3))   # latency, throughput and tail at 4 batch sizes
     assert th.win_confidence is not None and th.win_confidence < th.confidence
 

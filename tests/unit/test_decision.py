@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from lookahead_operator.measurement.decision import Action, BatchOutcome, BatchVerdict, Decision, decide
+from lookahead_operator.measurement.decision import Move, BatchOutcome, BatchComparison, Ruling, decide
 from lookahead_operator.measurement.preflight import Preflight, PreflightVerdict
-from lookahead_operator.measurement.statistics import (ComparisonResult, Direction, PairedComparison, SequentialComparison,
+from lookahead_operator.measurement.stats import (ComparisonResult, Direction, PairedComparison, SequentialComparison,
                                            Thresholds, Verdict, compare_tail_latency)
 
 TH = Thresholds(min_latency_improvement=0.05, max_throughput_regression=0.02, confidence=0.99)
@@ -27,26 +27,26 @@ def missing(direction):
 
 
 def win(b, lat=(-0.31, -0.35, -0.27), tp=(0.40, 0.33, 0.47)):
-    return BatchVerdict(b, res(Direction.LOWER_IS_BETTER, *lat), res(Direction.HIGHER_IS_BETTER, *tp), 0.42)
+    return BatchComparison(b, res(Direction.LOWER_IS_BETTER, *lat), res(Direction.HIGHER_IS_BETTER, *tp), 0.42)
 
 
 def regress(b, tp=(-0.06, -0.08, -0.04)):
-    return BatchVerdict(b, res(Direction.LOWER_IS_BETTER, 0.05, 0.03, 0.07), res(Direction.HIGHER_IS_BETTER, *tp))
+    return BatchComparison(b, res(Direction.LOWER_IS_BETTER, 0.05, 0.03, 0.07), res(Direction.HIGHER_IS_BETTER, *tp))
 
 
 def no_gain(b):
     # latency fell 1% [-3%, +1%]: confidently short of the 5% improvement; throughput flat
-    return BatchVerdict(b, res(Direction.LOWER_IS_BETTER, -0.01, -0.03, 0.01),
+    return BatchComparison(b, res(Direction.LOWER_IS_BETTER, -0.01, -0.03, 0.01),
                         res(Direction.HIGHER_IS_BETTER, 0.0, -0.01, 0.01))
 
 
 def pending(b):
-    return BatchVerdict(b, missing(Direction.LOWER_IS_BETTER), missing(Direction.HIGHER_IS_BETTER))
+    return BatchComparison(b, missing(Direction.LOWER_IS_BETTER), missing(Direction.HIGHER_IS_BETTER))
 
 
 def wide(b):
     # an interval that straddles the thresholds: data, but not enough of it
-    return BatchVerdict(b, res(Direction.LOWER_IS_BETTER, -0.06, -0.15, 0.03),
+    return BatchComparison(b, res(Direction.LOWER_IS_BETTER, -0.06, -0.15, 0.03),
                         res(Direction.HIGHER_IS_BETTER, 0.01, -0.06, 0.08))
 
 
@@ -63,7 +63,7 @@ def test_outcomes():
 
 def test_promote_when_it_wins_everywhere_up_to_the_engines_max_batch_size():
     d = decide([win(16), win(1), win(4)], TH, deadline_passed=False, max_batch_size=16)
-    assert d.action is Action.PROMOTE
+    assert d.action is Move.PROMOTE
     assert d.crossover_batch_size is None and d.lookahead_max_batch_size is None
     assert d.regime == [(1, 16, True)]
     assert "31%" in d.reason and "[27%, 35%]" in d.reason and "n=403/400" in d.reason
@@ -75,7 +75,7 @@ def test_never_enabled_beyond_the_largest_batch_size_measured_as_a_win():
     is on for 1..16 only; no crossover was measured, so none is reported, and the reason says so."""
     for top, expect_top in ((256, 256), (None, 1024)):
         d = decide([win(16), win(1), win(4)], TH, deadline_passed=False, max_batch_size=top)
-        assert d.action is Action.PROMOTE_REGIME_AWARE
+        assert d.action is Move.PROMOTE_REGIME_AWARE
         assert d.regime == [(1, 16, True), (17, expect_top, False)]
         assert d.lookahead_max_batch_size == 16 and d.crossover_batch_size is None
         assert "No crossover was measured: it lies above batch 16" in d.reason
@@ -83,7 +83,7 @@ def test_never_enabled_beyond_the_largest_batch_size_measured_as_a_win():
 
 def test_promote_regime_aware_with_crossover_and_engine_configs():
     d = decide([win(1), win(4), regress(8), regress(16)], TH, deadline_passed=False, max_batch_size=256)
-    assert d.action is Action.PROMOTE_REGIME_AWARE
+    assert d.action is Move.PROMOTE_REGIME_AWARE
     assert d.crossover_batch_size == 8
     # on up to 4, the largest batch size measured as a win: 5-7 were never measured
     assert d.regime == [(1, 4, True), (5, 256, False)]
@@ -100,65 +100,65 @@ def test_promote_regime_aware_with_crossover_and_engine_configs():
 def test_a_planned_batch_size_left_out_is_unmeasured_never_a_win():
     """decide() used to promote fully when the caller left a planned size out."""
     d = decide([win(1), win(4)], TH, deadline_passed=False, max_batch_size=8, planned=[1, 4, 8])
-    assert d.action is Action.WAIT and d.outcomes[8] is BatchOutcome.UNMEASURED
+    assert d.action is Move.WAIT and d.outcomes[8] is BatchOutcome.UNMEASURED
     assert "8" in d.reason
     d = decide([win(1), win(4)], TH, deadline_passed=True, max_batch_size=8, planned=[1, 4, 8])
-    assert d.action is Action.PROMOTE_REGIME_AWARE and d.action is not Action.PROMOTE
+    assert d.action is Move.PROMOTE_REGIME_AWARE and d.action is not Move.PROMOTE
     assert d.regime == [(1, 4, True), (5, 8, False)] and d.crossover_batch_size is None
     assert "batch size 8 was planned but not measured" in d.reason and "Not measured: 8" in d.reason
     assert d.to_dict()["outcomes"]["8"] == "Unmeasured"
     # the smallest planned size unmeasured: nothing can be enabled
     d = decide([win(4)], TH, deadline_passed=True, planned=[1, 4])
-    assert d.action is Action.INCONCLUSIVE and d.regime == []
+    assert d.action is Move.INCONCLUSIVE and d.regime == []
     # measured but unplanned sizes still count
-    assert decide([win(1), win(2)], TH, False, max_batch_size=2, planned=[1]).action is Action.PROMOTE
+    assert decide([win(1), win(2)], TH, False, max_batch_size=2, planned=[1]).action is Move.PROMOTE
 
 
 def test_after_the_deadline_a_pending_size_ends_the_enabled_range_without_losing_the_wins():
     d = decide([win(1), wide(4), regress(8)], TH, deadline_passed=True, max_batch_size=64)
-    assert d.action is Action.PROMOTE_REGIME_AWARE and d.regime == [(1, 1, True), (2, 64, False)]
+    assert d.action is Move.PROMOTE_REGIME_AWARE and d.regime == [(1, 1, True), (2, 64, False)]
     assert d.crossover_batch_size is None and "between 2 and 8" in d.reason
     assert d.outcomes[4] is BatchOutcome.PENDING
 
 
 def test_regime_aware_does_not_wait_for_batches_above_the_crossover():
     d = decide([win(1), no_gain(8), pending(32)], TH, deadline_passed=False)
-    assert d.action is Action.PROMOTE_REGIME_AWARE and d.crossover_batch_size == 8
+    assert d.action is Move.PROMOTE_REGIME_AWARE and d.crossover_batch_size == 8
     assert "short of the required 5% improvement" in d.reason
 
 
 def test_rollback_when_the_smallest_batch_does_not_pay():
     d = decide([regress(1), win(4)], TH, deadline_passed=False)
-    assert d.action is Action.ROLLBACK and d.regime == []
+    assert d.action is Move.ROLLBACK and d.regime == []
     assert "throughput fell 6%" in d.reason and "rolled back" in d.reason
     d = decide([no_gain(1), regress(8)], TH, deadline_passed=False)
-    assert d.action is Action.ROLLBACK
+    assert d.action is Move.ROLLBACK
     assert "at batch 8 throughput fell 6%" in d.reason.lower()
 
 
 def test_rollback_needs_no_deadline_but_pending_rest_does_not_block_it():
     d = decide([regress(1), pending(8)], TH, deadline_passed=False)
-    assert d.action is Action.ROLLBACK
+    assert d.action is Move.ROLLBACK
 
 
 def test_not_a_candidate_from_preflight():
     pf = Preflight(False, PreflightVerdict.PREFILL_DOMINATED, ["prefill takes 70% of request time"], [])
     d = decide([win(1)], TH, deadline_passed=False, preflight=pf)
-    assert d.action is Action.NOT_A_CANDIDATE and "PrefillDominated" in d.reason and "70%" in d.reason
+    assert d.action is Move.NOT_A_CANDIDATE and "PrefillDominated" in d.reason and "70%" in d.reason
     ok = Preflight(True, PreflightVerdict.DECODE_BOUND_IDLE_COMPUTE, [], [])
-    assert decide([win(1)], TH, False, preflight=ok, max_batch_size=1).action is Action.PROMOTE
+    assert decide([win(1)], TH, False, preflight=ok, max_batch_size=1).action is Move.PROMOTE
 
 
 @pytest.mark.parametrize("batches", [[pending(1)], [win(1), pending(4)], [win(1), wide(4), regress(8)], []])
 def test_wait_before_deadline_never_promotes_on_missing_data(batches):
     d = decide(batches, TH, deadline_passed=False)
-    assert d.action is Action.WAIT and d.regime == []
+    assert d.action is Move.WAIT and d.regime == []
 
 
 @pytest.mark.parametrize("batches", [[pending(1)], [wide(1), win(4)], []])
 def test_inconclusive_after_deadline(batches):
     d = decide(batches, TH, deadline_passed=True)
-    assert d.action is Action.INCONCLUSIVE and d.regime == [] and d.lookahead_max_batch_size is None
+    assert d.action is Move.INCONCLUSIVE and d.regime == [] and d.lookahead_max_batch_size is None
 
 
 def test_duplicate_batch_sizes_rejected():
@@ -177,11 +177,11 @@ def test_end_to_end_from_samples_to_regime_aware_decision():
         lat.add_canary(0.02 * lr * rng.lognormal(0, 0.05, 60))
         tp.add_control(500 * rng.lognormal(0, 0.03, 60))
         tp.add_canary(500 * tr * rng.lognormal(0, 0.03, 60))
-        verdicts.append(BatchVerdict(b, lat.result(), tp.result()))
+        verdicts.append(BatchComparison(b, lat.result(), tp.result()))
     d = decide(verdicts, TH, deadline_passed=False, max_batch_size=64)
-    assert d.action is Action.PROMOTE_REGIME_AWARE
+    assert d.action is Move.PROMOTE_REGIME_AWARE
     assert d.crossover_batch_size == 16 and d.lookahead_max_batch_size == 4
-    assert isinstance(d, Decision)
+    assert isinstance(d, Ruling)
 
 
 def test_end_to_end_paired_windows_with_drift_and_a_stalling_canary():
@@ -197,12 +197,12 @@ def test_end_to_end_paired_windows_with_drift_and_a_stalling_canary():
         stalled = np.arange(18) % 3 == 2 if stall else np.zeros(18, dtype=bool)
         lat.add_pairs(0.02 * drift * noise[0], np.where(stalled, np.nan, 0.014 * drift * noise[1]))
         tp.add_pairs(500 / drift * noise[2], np.where(stalled, 0.0, 700 / drift * noise[3]))
-        verdicts.append(BatchVerdict(b, lat.result(), tp.result()))
+        verdicts.append(BatchComparison(b, lat.result(), tp.result()))
     assert verdicts[0].outcome(th) is BatchOutcome.WINS
     assert verdicts[1].outcome(th) is not BatchOutcome.WINS
     assert verdicts[1].throughput.stalls_canary == 6
     d = decide(verdicts, th, deadline_passed=True, max_batch_size=64, planned=[1, 8])
-    assert d.action is Action.PROMOTE_REGIME_AWARE and d.lookahead_max_batch_size == 1
+    assert d.action is Move.PROMOTE_REGIME_AWARE and d.lookahead_max_batch_size == 1
     assert "paired windows" in d.reason
 
 
@@ -260,15 +260,15 @@ def _tail(worse: bool):
     lambda: win(1),
     lambda: pending(2),
     lambda: regress(8),
-    lambda: BatchVerdict(1, win(1).latency, win(1).throughput, 0.4, tail=_tail(True)),
-    lambda: BatchVerdict(2, win(2).latency, win(2).throughput, None, tail=_tail(False)),
+    lambda: BatchComparison(1, win(1).latency, win(1).throughput, 0.4, tail=_tail(True)),
+    lambda: BatchComparison(2, win(2).latency, win(2).throughput, None, tail=_tail(False)),
 ])
 def test_status_row_round_trip_rebuilds_the_same_verdict(make):
     """to_status -> (JSON) -> from_status -> to_status is the identity, and the outcome is the same:
     the operator rebuilds verdicts from stored rows after a restart."""
     v = make()
     row = json.loads(json.dumps(v.to_status(TH)))
-    back = BatchVerdict.from_status(row, TH)
+    back = BatchComparison.from_status(row, TH)
     assert back.outcome(TH) is v.outcome(TH)
     assert back.to_status(TH) == row
 
@@ -280,14 +280,14 @@ def test_paired_status_row_round_trip():
     lat.add_pairs(list(0.02 * rng.lognormal(0, 0.03, 17)) + [0.02], list(0.014 * rng.lognormal(0, 0.03, 17)) + [None])
     tp.add_pairs(list(500 * rng.lognormal(0, 0.03, 17)) + [480.0, 0.0],
                  list(700 * rng.lognormal(0, 0.03, 17)) + [0.0, 0.0])
-    v = BatchVerdict(4, lat.result(), tp.result(), 0.5, tail=_tail(False))
+    v = BatchComparison(4, lat.result(), tp.result(), 0.5, tail=_tail(False))
     row = json.loads(json.dumps(v.to_status(th)))
     assert row["paired"] is True and row["stallIntervals"] == {"control": 0, "canary": 1}
     assert row["droppedIntervals"] == {"latency": 1, "throughput": 1}
     assert row["latencySamples"] == 17 and row["throughputSamples"] == 18
     assert row["tailVerdict"] in ("Equivalent", "NotEnoughData", "Better") and row["tailThreshold"] == 1.0
     assert row["confidence"] == pytest.approx(1 - 0.01 / 9)
-    back = BatchVerdict.from_status(row, th)
+    back = BatchComparison.from_status(row, th)
     assert back.to_status(th) == row and back.outcome(th) is v.outcome(th)
 
 
@@ -313,9 +313,9 @@ def test_status_row_keeps_its_original_keys_for_unpaired_verdicts_without_a_tail
 def test_a_tail_veto_waits_for_the_steps_minimum_samples_like_every_verdict():
     """The shipped example's e2e test found a batch-8 step settled by the tail veto after fewer
     than minSamplesPerStep windows: the tail is a verdict too and waits for the step's minimum."""
-    early = BatchVerdict(8, missing(Direction.LOWER_IS_BETTER), missing(Direction.HIGHER_IS_BETTER), None,
+    early = BatchComparison(8, missing(Direction.LOWER_IS_BETTER), missing(Direction.HIGHER_IS_BETTER), None,
                          tail=_tail(True))
     assert early.tail_regresses()
     assert early.outcome(TH) is BatchOutcome.PENDING and not early.settled(TH)
-    later = BatchVerdict(8, win(8).latency, win(8).throughput, None, tail=_tail(True))
+    later = BatchComparison(8, win(8).latency, win(8).throughput, None, tail=_tail(True))
     assert later.outcome(TH) is BatchOutcome.REGRESSES

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.measurement.decision import BatchVerdict, decide
+from lookahead_operator.measurement.decision import BatchComparison, decide
 from lookahead_operator.controller.fleet import newest_promoted
 from lookahead_operator.controller.loadjobs import guard_jobs
 from lookahead_operator.controller.loadjobs import step_jobs as load_jobs
 from lookahead_operator.measurement.measure import thresholds, verdict_from_row
-from lookahead_operator.api.models import BatchResult, LookaheadPolicySpec, LookaheadPolicyStatus
-from lookahead_operator.measurement.statistics import SequentialComparison, Thresholds
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import BatchResult, LookaheadPolicyStatus, Progress, TargetStatus
+from lookahead_operator.measurement.stats import SequentialComparison, Thresholds
 
 T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
@@ -28,10 +29,10 @@ def verdict(rng, batch, lat_control, lat_canary, tp_control, tp_canary, n=40, no
     lat.add_canary(rng.normal(lat_canary, lat_canary * noise, n))
     tp.add_control(rng.normal(tp_control, tp_control * noise, n))
     tp.add_canary(rng.normal(tp_canary, tp_canary * noise, n))
-    return BatchVerdict(batch, lat.result(), tp.result(), 0.4)
+    return BatchComparison(batch, lat.result(), tp.result(), 0.4)
 
 
-def stored(v: BatchVerdict) -> BatchResult:
+def stored(v: BatchComparison) -> BatchResult:
     """Through everything a row goes through: the status model, JSON (the apiserver), and back."""
     row = BatchResult.model_validate(v.to_status(TH))
     wire = json.loads(json.dumps(LookaheadPolicyStatus(batches=[row]).to_dict()))
@@ -168,8 +169,7 @@ from lookahead_canary.metrics import PER_TOKEN_BUCKETS
 from lookahead_operator.measurement import measure
 from lookahead_operator.measurement import prometheus as observations
 from lookahead_operator.measurement.decision import BatchOutcome
-from lookahead_operator.engines.adapters import metric_names
-from lookahead_operator.api.models import Progress, TargetStatus
+from lookahead_operator.engines import metric_names
 
 REF = metric_names("reference")
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -341,7 +341,7 @@ def _counter(store, labels, rate, start, seconds, rng):
 
 
 def _guard_status(action, leg):
-    from lookahead_operator.api.models import Decision
+    from lookahead_operator.api.status import Decision
 
     regime = [{"start": 1, "end": 4, "enabled": True}, {"start": 5, "end": 256, "enabled": False}]
     rows = [BatchResult(batch_size=b, verdict=v, samples={"control": 18, "canary": 18})
@@ -403,7 +403,7 @@ def test_a_scrape_gap_in_one_role_leaves_that_window_out_of_the_pairs_instead_of
     and every later pair is still window i of the control with window i of the canary. Before,
     each role's list dropped the gap on its own and the lists were zipped by position: from
     window 1 on, the control's window i + 1 was compared with the canary's window i."""
-    from lookahead_operator.measurement.statistics import PairedComparison
+    from lookahead_operator.measurement.stats import PairedComparison
 
     seen = {}
 
@@ -503,7 +503,7 @@ def test_the_direct_and_the_prometheus_source_of_one_run_give_the_same_pairs_and
     def direct(bounds):
         out = {}
         for role, (times, lats) in runs.items():
-            snaps = [observations.Snapshot(t, *_counters_at(times, lats, t)) for t in bounds]
+            snaps = [observations.EngineScrape(t, *_counters_at(times, lats, t)) for t in bounds]
             out[role] = [observations.increments_between(a, b) for a, b in zip(snaps, snaps[1:])]
         return out
 
@@ -548,3 +548,53 @@ def test_prometheus_increments_stay_aligned_when_an_interval_has_no_new_scrape()
     assert incs[4].start == 102.0 and incs[4].end == 105.0 and incs[4].counters[REF.generation_tokens] == 30.0
     assert observations.role_sample(incs[4], REF).tokens_per_s == pytest.approx(10.0)
     assert observations.role_sample(None, REF).tokens_per_s is None
+
+
+def _fleet_store(dcgm: bool = True):
+    """A vLLM fleet pod ``inference/chat-7f9c-x2`` over [0, 200] s: prefill 0.1 s and decode 2 s per
+    request, 3 running; its GPU (and a trainer's, not ours) as dcgm-exporter's Helm chart labels them."""
+    from tests.unit.test_observations import SeriesStore, scrape_times
+
+    store, v = SeriesStore(), metric_names("vllm")
+    pod = {"namespace": "inference", "pod": "chat-7f9c-x2"}
+    times = list(scrape_times(0, 199, step=5.0))
+    for name, per_s in ((v.generation_tokens, 50.0), (v.prefill_time + "_sum", 0.1), (v.prefill_time + "_count", 1.0),
+                        (v.decode_time + "_sum", 2.0), (v.decode_time + "_count", 1.0)):
+        store.series.append((name, pod, [(t, per_s * t) for t in times]))
+    store.series.append((v.running, pod, [(t, 3.0) for t in times]))
+    exporter = {"namespace": "gpu-operator", "pod": "dcgm-exporter-1", "gpu": "0"}
+    for name, ours, theirs in (("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.5, 0.9), ("DCGM_FI_PROF_DRAM_ACTIVE", 0.4, 0.1),
+                               ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.05, 0.9), ("DCGM_FI_DEV_GPU_UTIL", 98.0, 99.0)):
+        if dcgm:
+            store.series.append((name, {**exporter, "exported_namespace": "inference", "exported_pod": "chat-7f9c-x2"},
+                                 [(t, ours) for t in times]))
+            store.series.append((name, {**exporter, "gpu": "1", "exported_namespace": "train",
+                                        "exported_pod": "trainer-0"}, [(t, theirs) for t in times]))
+    return store
+
+
+def test_the_runtime_preflight_reads_the_fleet_pods_and_their_gpus(monkeypatch):
+    """``measure.read_preflight`` is ``observations.fleet_signals`` over the targets' pods: engine
+    series by namespace / pod (``<deployment>-...``), GPU series by either label pair."""
+    from lookahead_operator.controller.world import Target
+
+    monkeypatch.setattr(measure, "_prom", lambda spec: _fleet_store())
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}}})
+    st = measure.read_preflight(spec, [Target(namespace="inference", name="chat", engine="vllm")], now=200.0).status
+    assert st.signals["grEngineActive"] == pytest.approx(0.5) and st.signals["dramActive"] == pytest.approx(0.4)
+    assert st.signals["gpuUtil"] == pytest.approx(0.98)       # a fraction in the status; the trainer's is not ours
+    assert st.signals["prefillSeconds"] == pytest.approx(0.1) and st.signals["decodeSeconds"] == pytest.approx(2.0)
+    assert st.signals["runningP50"] == pytest.approx(3.0) and st.batch_sizes == [1, 3]
+    assert st.verdict == "DecodeBoundIdleCompute" and st.candidate
+
+
+def test_the_runtime_preflight_degrades_when_prometheus_cannot_be_read(monkeypatch):
+    class Down:
+        def custom_query(self, query, params=None):
+            raise ConnectionError("refused")
+
+    monkeypatch.setattr(measure, "_prom", lambda spec: Down())
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}}})
+    st = measure.read_preflight(spec, [sm.Target(namespace="inference", name="chat")], now=200.0).status
+    assert st.candidate and st.verdict == "Unknown" and st.batch_sizes == [1, 8]
+    assert "could not be read" in st.reasons[0]

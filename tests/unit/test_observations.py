@@ -13,7 +13,7 @@ import re
 import pytest
 
 from lookahead_operator.measurement import prometheus as obs
-from lookahead_operator.engines.adapters import metric_names
+from lookahead_operator.engines import metric_names
 from lookahead_operator.measurement.prometheus import Measured, State
 
 V = metric_names("vllm")
@@ -90,7 +90,7 @@ def engine_series(store, start=100.0, end=120.0, tokens_per_s=50.0, per_token=0.
 def test_window_values_are_exact_increases():
     store = SeriesStore()
     engine_series(store)
-    o = obs.observe(store, V, SEL, 100.0, 120.0, interval_s=5.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, interval_s=5.0, now=200.0)
     assert o.output_tokens.ok and o.output_tokens.value == pytest.approx(50 * 20)
     assert o.output_tokens_per_s.value == pytest.approx(50.0)
     assert o.requests.value == 10
@@ -115,7 +115,7 @@ def test_two_pods_sum_and_running_is_per_pod():
     store = SeriesStore()
     engine_series(store, pod="a")
     engine_series(store, pod="b", tokens_per_s=30.0)
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert o.output_tokens_per_s.value == pytest.approx(80.0)
     assert o.mean_running.value == pytest.approx(4.0)   # per engine, not summed
 
@@ -130,7 +130,7 @@ def test_counter_reset_inside_window_is_added_not_negative():
 def test_series_born_inside_window_counts_from_zero():
     store = SeriesStore()
     store.add(V.generation_tokens, [(t, 10.0 * (t - 105)) for t in scrape_times(105, 125)])
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert o.output_tokens.value == pytest.approx(150.0)
     assert any("started inside the window" in n for n in o.notes)
 
@@ -138,7 +138,7 @@ def test_series_born_inside_window_counts_from_zero():
 def test_empty_window_is_missing_not_zero():
     store = SeriesStore()
     engine_series(store)
-    o = obs.observe(store, V, SEL, 123.0, 128.0, now=300.0)   # counters flat: nothing happened
+    o = obs.read_window(store, V, SEL, 123.0, 128.0, now=300.0)   # counters flat: nothing happened
     for v in (o.output_tokens_per_s, o.per_token_latency_s, o.requests, o.e2e_s, o.acceptance_rate):
         assert v.state is State.MISSING and v.value is None, v
     assert "no tokens generated" in o.output_tokens_per_s.reason
@@ -149,7 +149,7 @@ def test_empty_window_is_missing_not_zero():
 
 
 def test_no_series_at_all_is_missing():
-    o = obs.observe(SeriesStore(), V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(SeriesStore(), V, SEL, 100.0, 120.0, now=200.0)
     assert o.output_tokens_per_s.state is State.MISSING and "no series" in o.output_tokens_per_s.reason
     assert o.intervals.t == []
 
@@ -159,7 +159,7 @@ def test_not_scraped_after_end_is_missing_until_it_is():
     engine_series(store, end=120.0)
     # drop every sample after t = 119
     store.series = [(n, l, [p for p in pts if p[0] <= 119.0]) for n, l, pts in store.series]
-    o = obs.observe(store, V, SEL, 100.0, 119.5, now=119.6)
+    o = obs.read_window(store, V, SEL, 100.0, 119.5, now=119.6)
     assert o.output_tokens_per_s.state is State.MISSING
     assert "not scraped since the window end" in o.output_tokens_per_s.reason
 
@@ -167,7 +167,7 @@ def test_not_scraped_after_end_is_missing_until_it_is():
 def test_few_requests_are_sparse_with_estimate():
     store = SeriesStore()
     engine_series(store, start=100.0, end=104.5, req_every=2.0)   # 2 requests
-    o = obs.observe(store, V, SEL, 100.0, 104.5, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 104.5, now=200.0)
     assert o.per_token_latency_s.state is State.SPARSE
     assert o.per_token_latency_s.value == pytest.approx(0.02)
     assert o.per_token_latency_s.get() is None          # not usable as ok
@@ -177,14 +177,14 @@ def test_few_requests_are_sparse_with_estimate():
 def test_speculation_off_gives_missing_acceptance():
     store = SeriesStore()
     engine_series(store, spec=False)
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert o.acceptance_rate.state is State.MISSING
     store = SeriesStore()
     engine_series(store)
     # draft counters exist but are flat (speculation off at this batch size)
     store.series = [(n, l, [(t, 400.0) for t, _ in pts]) if n in (V.draft_tokens, V.accepted_tokens) else (n, l, pts)
                     for n, l, pts in store.series]
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert o.acceptance_rate.state is State.MISSING and "no draft tokens" in o.acceptance_rate.reason
 
 
@@ -205,7 +205,7 @@ def test_decode_time_fallback_for_per_token_latency():
     store.add(V.decode_time + "_count", dcnt)
     store.add(V.e2e + "_count", ecnt)
     store.add(V.e2e + "_sum", esum)
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert o.per_token_latency_source == "decode_time/generated_tokens"
     assert o.per_token_latency_s.value == pytest.approx(0.05)
 
@@ -215,7 +215,7 @@ def test_sglang_acceptance_from_gauge_is_labelled():
     S = metric_names("sglang")
     store.add(S.generation_tokens, [(t, 10.0 * t) for t in scrape_times(90, 130)])
     store.add(S.acceptance_rate_gauge, [(t, 0.3) for t in scrape_times(90, 130)])
-    o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, S, SEL, 100.0, 120.0, now=200.0)
     assert o.acceptance_rate.value == pytest.approx(0.3)
     assert "gauge" in o.acceptance_rate.reason
     assert o.prefill_time_s.state is State.MISSING and "exports no prefill" in o.prefill_time_s.reason
@@ -262,8 +262,8 @@ def test_fleet_signals_with_and_without_dcgm():
     assert f.preflight_signals()["gr_engine_active"] == pytest.approx(0.95)
     assert any("kernel residency" in n for n in f.notes)
 
-    from lookahead_operator.measurement.preflight import preflight
-    p = preflight(f.preflight_signals())
+    from lookahead_operator.measurement.preflight import screen
+    p = screen(f.preflight_signals())
     assert p.candidate
 
 
@@ -295,8 +295,8 @@ def test_fleet_signals_match_dcgm_series_scraped_with_honor_labels_false():
     assert f.dram_active.value == pytest.approx((0.72 + 0.36) / 2)
     assert f.gr_engine_active.value == pytest.approx((0.9 + 0.45) / 2)
     assert f.sm_active.state is State.MISSING and f.sm_occupancy.state is State.MISSING
-    from lookahead_operator.measurement.preflight import PreflightVerdict, preflight
-    p = preflight(f.preflight_signals())
+    from lookahead_operator.measurement.preflight import PreflightVerdict, screen
+    p = screen(f.preflight_signals())
     assert p.verdict is PreflightVerdict.DECODE_BOUND_IDLE_COMPUTE
 
 
@@ -320,7 +320,7 @@ def test_mean_acceptance_length_and_per_position_are_exact_window_increases():
     store = SeriesStore()
     engine_series(store, spec=False)
     per_pos_series(store)
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert o.drafts.value == pytest.approx(40.0)
     # 1 + accepted / drafts = 1 + 3.0 / 2.0
     assert o.mean_acceptance_length.ok and o.mean_acceptance_length.value == pytest.approx(2.5)
@@ -331,7 +331,7 @@ def test_mean_acceptance_length_and_per_position_are_exact_window_increases():
     assert [x["value"] for x in d["acceptance_by_position"]] == pytest.approx([0.8, 0.5, 0.2])
     # two pods: counters add up per position
     per_pos_series(store, pod="b", accepted=(2.0, 2.0, 2.0))
-    o = obs.observe(store, V, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, V, SEL, 100.0, 120.0, now=200.0)
     assert [m.value for m in o.acceptance_by_position] == pytest.approx([0.9, 0.75, 0.6])
     assert o.mean_acceptance_length.value == pytest.approx(1 + (3.0 + 6.0) / 4.0)
 
@@ -340,17 +340,17 @@ def test_acceptance_detail_missing_never_zero():
     store = SeriesStore()
     engine_series(store, spec=False)
     per_pos_series(store)
-    o = obs.observe(store, V, SEL, 123.0, 128.0, now=300.0)   # counters flat: no drafts
+    o = obs.read_window(store, V, SEL, 123.0, 128.0, now=300.0)   # counters flat: no drafts
     assert o.mean_acceptance_length.state is State.MISSING and o.mean_acceptance_length.value is None
     assert "no drafts" in o.mean_acceptance_length.reason
     assert o.acceptance_by_position == [] and "no drafts" in o.acceptance_by_position_reason
     # not scraped past the end yet
     store.series = [(n, l, [p for p in pts if p[0] <= 119.0]) for n, l, pts in store.series]
-    o = obs.observe(store, V, SEL, 100.0, 119.5, now=119.6)
+    o = obs.read_window(store, V, SEL, 100.0, 119.5, now=119.6)
     assert o.mean_acceptance_length.state is State.MISSING and "not scraped" in o.mean_acceptance_length.reason
     # the reference engine's names before engines.py declares its per-position counter
     import dataclasses
-    o = obs.observe(store, dataclasses.replace(V, accepted_per_position=None), SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, dataclasses.replace(V, accepted_per_position=None), SEL, 100.0, 120.0, now=200.0)
     assert "exports no per-position" in o.acceptance_by_position_reason
 
 
@@ -360,13 +360,13 @@ def test_sglang_mean_acceptance_length_from_verify_calls():
     store.add(S.generation_tokens, [(t, 12.0 * t) for t in scrape_times(90, 130)])
     store.add(S.drafts, [(t, 4.0 * t) for t in scrape_times(90, 130)])
     store.add(S.acceptance_length_gauge, [(t, 9.0) for t in scrape_times(90, 130)])
-    o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, S, SEL, 100.0, 120.0, now=200.0)
     assert o.mean_acceptance_length.value == pytest.approx(3.0)     # the counters, not the gauge
     assert "verify" in o.mean_acceptance_length.reason
     assert "exports no per-position" in o.acceptance_by_position_reason
     # an SGLang older than 0.5.13 (no verify-call counter): the gauge, labelled as one
     store.series = [x for x in store.series if x[0] != S.drafts]
-    o = obs.observe(store, S, SEL, 100.0, 120.0, now=200.0)
+    o = obs.read_window(store, S, SEL, 100.0, 120.0, now=200.0)
     assert o.mean_acceptance_length.value == pytest.approx(9.0) and "gauge" in o.mean_acceptance_length.reason
 
 
@@ -381,11 +381,11 @@ def test_intervals_say_which_window_each_entry_is_across_a_scrape_gap_and_a_stal
         return 1000.0 + sum(r * min(max(t - (100 + 5 * w), 0.0), 5.0) for w, r in rate.items())
 
     store.add(V.generation_tokens, [(t, gen(t)) for t in scrape_times(90, 130) if not 105 < t <= 110])
-    iv = obs.observe(store, V, SEL, 100.0, 120.0, interval_s=5.0, now=200.0).intervals
+    iv = obs.read_window(store, V, SEL, 100.0, 120.0, interval_s=5.0, now=200.0).intervals
     assert iv.interval == [0, 2, 3]
     assert iv.t == [105.0, 115.0, 120.0]
     assert iv.output_tokens_per_s == pytest.approx([10.0, 10.0, 40.0])   # window 2: 100 tokens over 10 s
-    stalled = obs.observe(store, V, SEL, 115.0, 125.0, interval_s=5.0, now=200.0).intervals
+    stalled = obs.read_window(store, V, SEL, 115.0, 125.0, interval_s=5.0, now=200.0).intervals
     assert stalled.interval == [0, 1] and stalled.output_tokens_per_s == pytest.approx([40.0, 0.0])
 # --- the direct source: an engine's own /metrics -------------------------------------------------
 
@@ -407,13 +407,13 @@ def test_parse_exposition_reads_the_reference_engines_counters_and_per_token_buc
     assert values[R.draft_tokens] == 6 and values[R.accepted_tokens] == 2 and values[R.drafts] == 1
     assert not any(k.endswith("_bucket") for k in values)
     assert buckets[0.015] == 2 and buckets[0.2] == 3 and buckets[math.inf] == 3 and buckets[0.01] == 0
-    from lookahead_operator.cli.report import position_key
+    from lookahead_operator.measurement.acceptance import position_key
     assert [values[position_key(R.accepted_per_position, k)] for k in (0, 1)] == [1, 1]
 
 
 def test_increments_between_two_reads_and_a_restart_in_between():
-    a = obs.Snapshot(10.0, {R.generation_tokens: 100.0, "x": 5.0}, {0.1: 4.0, math.inf: 6.0})
-    b = obs.Snapshot(12.5, {R.generation_tokens: 130.0, "x": 2.0}, {0.1: 9.0, math.inf: 12.0})
+    a = obs.EngineScrape(10.0, {R.generation_tokens: 100.0, "x": 5.0}, {0.1: 4.0, math.inf: 6.0})
+    b = obs.EngineScrape(12.5, {R.generation_tokens: 130.0, "x": 2.0}, {0.1: 9.0, math.inf: 12.0})
     inc = obs.increments_between(a, b)
     assert inc.seconds == 2.5 and inc.counters[R.generation_tokens] == 30.0
     assert inc.counters["x"] == 2.0, "a counter that went down restarted: its new value is all new"

@@ -7,7 +7,7 @@ import pytest
 from lookahead_operator.measurement.preflight import (
     PreflightThresholds,
     PreflightVerdict as V,
-    preflight,
+    screen,
     production_batch_sizes,
 )
 
@@ -24,7 +24,7 @@ DEFAULT_EXPORTER = {
 
 
 def test_decode_bound_with_idle_compute_is_a_candidate_and_gpu_util_is_ignored():
-    p = preflight(DECODE_BOUND)
+    p = screen(DECODE_BOUND)
     assert p.candidate and p.verdict is V.DECODE_BOUND_IDLE_COMPUTE
     assert p.missing == ["gr_engine_active"]
     assert any("DCGM_FI_PROF_GR_ENGINE_ACTIVE" in r and "by default" in r for r in p.reasons)
@@ -35,32 +35,32 @@ def test_decode_bound_with_idle_compute_is_a_candidate_and_gpu_util_is_ignored()
 
 def test_gpu_util_high_alone_never_means_compute_saturated():
     # only GPU_UTIL at 99% plus a decode-heavy, small-batch workload: still a candidate
-    p = preflight({"gpu_util": 99, "prefill_seconds": 0.1, "decode_seconds": 3.0,
+    p = screen({"gpu_util": 99, "prefill_seconds": 0.1, "decode_seconds": 3.0,
                    "running_batch_quantiles": {0.5: 1}})
     assert p.verdict is V.DECODE_BOUND_IDLE_COMPUTE and p.candidate
     assert any("GPU_UTIL reads 99%" in r for r in p.reasons)
 
 
 def test_prefill_dominated():
-    p = preflight({**DECODE_BOUND, "prefill_seconds": 3.0, "decode_seconds": 1.0})
+    p = screen({**DECODE_BOUND, "prefill_seconds": 3.0, "decode_seconds": 1.0})
     assert not p.candidate and p.verdict is V.PREFILL_DOMINATED
     assert "75%" in p.reasons[0]
 
 
 def test_ttft_limited():
-    p = preflight({**DECODE_BOUND, "ttft_share": 0.6})
+    p = screen({**DECODE_BOUND, "ttft_share": 0.6})
     assert not p.candidate and p.verdict is V.TTFT_LIMITED
 
 
 @pytest.mark.parametrize("over", [{"tensor_active": 0.7}, {"sm_active": 0.9}])
 def test_compute_saturated_from_dcgm(over):
-    p = preflight({**DECODE_BOUND, **over, "running_batch_quantiles": {0.5: 48}})
+    p = screen({**DECODE_BOUND, **over, "running_batch_quantiles": {0.5: 48}})
     assert not p.candidate and p.verdict is V.COMPUTE_SATURATED
     assert "median running batch 48" in p.reasons[0]
 
 
 def test_dcgm_exporter_defaults_are_enough_and_sm_counters_are_named_as_opt_in():
-    p = preflight(DEFAULT_EXPORTER)
+    p = screen(DEFAULT_EXPORTER)
     # tensor pipe idle while DRAM busy: a confident decode-bound verdict without SM_ACTIVE
     assert p.verdict is V.DECODE_BOUND_IDLE_COMPUTE and p.candidate
     assert p.missing == ["sm_active", "sm_occupancy"]
@@ -73,7 +73,7 @@ def test_dcgm_exporter_defaults_are_enough_and_sm_counters_are_named_as_opt_in()
 
 
 def test_missing_default_counters_say_profiling_is_off_or_labels_do_not_match():
-    p = preflight({"prefill_seconds": 0.05, "decode_seconds": 1.5, "running_batch_quantiles": {0.5: 3}})
+    p = screen({"prefill_seconds": 0.05, "decode_seconds": 1.5, "running_batch_quantiles": {0.5: 3}})
     text = [r for r in p.reasons if "by default" in r]
     assert len(text) == 1
     for name in ("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"):
@@ -85,63 +85,63 @@ def test_missing_default_counters_say_profiling_is_off_or_labels_do_not_match():
 def test_counters_are_read_as_a_share_of_busy_time():
     # half-loaded GPU: DRAM 40% of the window is 80% of the time it runs kernels
     light = {"gr_engine_active": 0.5, "dram_active": 0.4, "tensor_active": 0.1, "running_batch_quantiles": {0.5: 2}}
-    p = preflight(light)
+    p = screen(light)
     assert p.verdict is V.DECODE_BOUND_IDLE_COMPUTE
     assert "DRAM_ACTIVE 80% while busy (40% of the window)" in p.reasons[0]
     assert "PIPE_TENSOR_ACTIVE 20% while busy" in p.reasons[0]
     # without GR_ENGINE_ACTIVE the same raw numbers do not show memory pressure
-    raw = preflight({k: v for k, v in light.items() if k != "gr_engine_active"})
+    raw = screen({k: v for k, v in light.items() if k != "gr_engine_active"})
     assert raw.verdict is V.UNKNOWN
     # tensor pipe 30% of a 50%-busy window is 60% while busy: saturated
-    sat = preflight({**light, "tensor_active": 0.3})
+    sat = screen({**light, "tensor_active": 0.3})
     assert sat.verdict is V.COMPUTE_SATURATED and "PIPE_TENSOR_ACTIVE 60% while busy" in sat.reasons[0]
     # an almost idle GPU: nothing is scaled up from noise
-    idle = preflight({**light, "gr_engine_active": 0.02})
+    idle = screen({**light, "gr_engine_active": 0.02})
     assert idle.verdict is V.UNKNOWN
     assert any("almost idle" in r for r in idle.reasons)
 
 
 def test_gr_engine_active_alone_is_never_saturation():
-    p = preflight({"gr_engine_active": 1.0, "gpu_util": 100, "prefill_seconds": 0.1, "decode_seconds": 3.0,
+    p = screen({"gr_engine_active": 1.0, "gpu_util": 100, "prefill_seconds": 0.1, "decode_seconds": 3.0,
                    "running_batch_quantiles": {0.5: 1}})
     assert p.candidate and p.verdict is V.DECODE_BOUND_IDLE_COMPUTE
 
 
 def test_sm_occupancy_counts_only_when_low():
     base = {"dram_active": 0.8, "running_batch_quantiles": {0.5: 16}}
-    low = preflight({**base, "sm_occupancy": 0.2})
+    low = screen({**base, "sm_occupancy": 0.2})
     assert low.verdict is V.DECODE_BOUND_IDLE_COMPUTE and "SM_OCCUPANCY 20%" in low.reasons[0]
-    high = preflight({**base, "sm_occupancy": 0.9})
+    high = screen({**base, "sm_occupancy": 0.9})
     # memory-bound kernels can keep warps resident: not saturation, not idle compute either
     assert high.verdict is V.UNKNOWN and high.candidate
 
 
 def test_no_dcgm_at_all_degrades_to_timing_and_batch():
     sig = {"prefill_seconds": 0.05, "decode_seconds": 1.5, "running_batch_quantiles": {0.5: 3, 0.9: 6}}
-    p = preflight(sig)
+    p = screen(sig)
     assert p.candidate and p.verdict is V.DECODE_BOUND_IDLE_COMPUTE
     assert set(p.missing) == {"ttft_share", "dram_active", "gr_engine_active", "sm_active", "sm_occupancy",
                               "tensor_active", "gpu_util"}
     assert any("inferred without DCGM" in r for r in p.reasons)
     assert any("DCGM_FI_PROF_DRAM_ACTIVE" in r for r in p.reasons)
-    big = preflight({**sig, "running_batch_quantiles": {0.5: 96}})
+    big = screen({**sig, "running_batch_quantiles": {0.5: 96}})
     assert not big.candidate and big.verdict is V.COMPUTE_SATURATED
 
 
 def test_dram_active_without_compute_counters_is_unknown_but_still_measured():
-    p = preflight({"dram_active": 0.8, "running_batch_quantiles": {0.5: 16}})
+    p = screen({"dram_active": 0.8, "running_batch_quantiles": {0.5: 16}})
     assert p.verdict is V.UNKNOWN and p.candidate
     assert any("no SM_ACTIVE / PIPE_TENSOR_ACTIVE" in r for r in p.reasons)
 
 
 def test_nothing_known_is_unknown_candidate_with_everything_missing():
-    p = preflight({"prefill_seconds": math.nan, "ttft_share": None, "running_batch_quantiles": {}})
+    p = screen({"prefill_seconds": math.nan, "ttft_share": None, "running_batch_quantiles": {}})
     assert p.verdict is V.UNKNOWN and p.candidate
     assert len(p.missing) == 10
 
 
 def test_thresholds_are_configurable():
-    p = preflight({**DECODE_BOUND, "tensor_active": 0.3}, PreflightThresholds(tensor_active_max=0.25))
+    p = screen({**DECODE_BOUND, "tensor_active": 0.3}, PreflightThresholds(tensor_active_max=0.25))
     assert p.verdict is V.COMPUTE_SATURATED
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lookahead_operator.measurement.statistics import (
+from lookahead_operator.measurement.stats import (
     ComparisonResult,
     Direction,
     PairedComparison,
@@ -215,7 +215,7 @@ def _plat(th=Thresholds()):
 @pytest.mark.parametrize("n", [10, 18, 100, 1000])
 def test_stalling_canary_is_never_better(n):
     """The issue's example, at any number of windows: half the canary's windows produced nothing."""
-    from lookahead_operator.measurement.decision import BatchOutcome, BatchVerdict
+    from lookahead_operator.measurement.decision import BatchOutcome, BatchComparison
 
     tp = _ptp()
     tp.add_pairs([60.0] * n, [100.0, 0.0] * (n // 2))
@@ -225,7 +225,7 @@ def test_stalling_canary_is_never_better(n):
     assert r.verdict is not Verdict.BETTER and not r.not_worse_by_more_than(0.02)
     lat = _plat()
     lat.add_pairs([0.02] * n, [0.012, None] * (n // 2))  # stalled windows finish no token: no latency
-    assert BatchVerdict(1, lat.result(), r).outcome(Thresholds()) is not BatchOutcome.WINS
+    assert BatchComparison(1, lat.result(), r).outcome(Thresholds()) is not BatchOutcome.WINS
 
 
 def test_canary_with_no_output_at_all_is_worse_by_100_percent():
@@ -466,7 +466,7 @@ def test_one_sided_boundary_is_the_half_normal_mixture_and_matches_scipy():
     """The one-sided bound solves B+_n = 1/alpha for the half-normal mixture (Student's t CDF in
     numpy, checked against SciPy); B+ never reaches 1/alpha on the other side (rho <= 0)."""
     stats = pytest.importorskip("scipy.stats")
-    from lookahead_operator.measurement.statistics import PAIRED_EFFECT_PRIOR as c, _one_sided_kappa, _student_t_cdf
+    from lookahead_operator.measurement.stats.sequences import PAIRED_EFFECT_PRIOR as c, _one_sided_kappa, _student_t_cdf
 
     x = np.linspace(-40, 40, 4001)
     for nu in (1, 2, 3, 10, 11, 54, 55, 301):
@@ -536,7 +536,7 @@ PENDING, WINS, NO_GAIN, REGRESSES = 0, 1, 2, 3
 def _step_outcomes(lat, tp, th, horizon=54):
     """One load step per run, as the operator runs it: the paired latency and throughput sequences
     at `th`'s levels (PairedComparison's own `side_alphas`), looked at after every window from
-    min_samples on, stopped at the first settled look (`BatchVerdict.outcome`'s order), Pending at
+    min_samples on, stopped at the first settled look (`BatchComparison.outcome`'s order), Pending at
     `horizon`. Returns (outcome, windows read) per run."""
     (lc, lk), (tc, tk) = lat, tp
     lat_cmp, tp_cmp = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
@@ -631,8 +631,8 @@ def test_one_win_share_suffices_only_because_decide_reads_wins_along_the_run():
     sizes whose latency is exactly on the line after a clear win, the run's false-win rate stays
     under the win share while a decision that enabled every size claiming Wins (reading them out of
     order) would exceed it. The vectorised steps are checked against the operator's own
-    PairedComparison, BatchVerdict and decide() on the first policies."""
-    from lookahead_operator.measurement.decision import Action, BatchOutcome, BatchVerdict, decide
+    PairedComparison, BatchComparison and decide() on the first policies."""
+    from lookahead_operator.measurement.decision import Move, BatchOutcome, BatchComparison, decide
 
     config = [_CLEAR_WIN] + [_ON_THE_LATENCY_LINE] * 8
     th = Thresholds(confidence=0.99).for_family(len(config))
@@ -659,7 +659,7 @@ def test_one_win_share_suffices_only_because_decide_reads_wins_along_the_run():
             lc, tc = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
             lc.add_pairs(lat[0][r, :n], lat[1][r, :n])
             tc.add_pairs(tp[0][r, :n], tp[1][r, :n])
-            bv = BatchVerdict(planned[s], lc.result(), tc.result())
+            bv = BatchComparison(planned[s], lc.result(), tc.result())
             assert code[bv.outcome(th)] == outcomes[r, s], (r, s)
             verdicts.append(bv)
         d = decide(verdicts, th, deadline_passed=True, planned=planned, max_batch_size=64)
@@ -667,10 +667,10 @@ def test_one_win_share_suffices_only_because_decide_reads_wins_along_the_run():
         while run < len(planned) and outcomes[r, run] == WINS:
             run += 1
         if run == 0:
-            assert d.action in (Action.ROLLBACK, Action.INCONCLUSIVE)
+            assert d.action in (Move.ROLLBACK, Move.INCONCLUSIVE)
         else:
             assert d.lookahead_max_batch_size in (planned[run - 1], None)
-            assert d.action in (Action.PROMOTE, Action.PROMOTE_REGIME_AWARE)
+            assert d.action in (Move.PROMOTE, Move.PROMOTE_REGIME_AWARE)
 
 
 # --- tails ---------------------------------------------------------------------------------------
@@ -698,7 +698,7 @@ def test_histogram_quantile_interpolates_like_prometheus():
 
 def test_tail_regression_hidden_behind_a_better_mean_is_worse_and_blocks_promotion():
     """A canary 30% faster on mean per-token latency with a p99 seven times worse is not promoted."""
-    from lookahead_operator.measurement.decision import Action, BatchOutcome, BatchVerdict, decide
+    from lookahead_operator.measurement.decision import Move, BatchOutcome, BatchComparison, decide
 
     rng = np.random.default_rng(41)
     ctrl = 0.020 * rng.lognormal(0, 0.12, 20000)
@@ -718,12 +718,12 @@ def test_tail_regression_hidden_behind_a_better_mean_is_worse_and_blocks_promoti
     w = rng.lognormal(0, 0.02, (2, 18))
     lat.add_pairs(0.020 * w[0], 0.0140 * w[1])
     tp.add_pairs(500 / w[0], 700 / w[1])
-    mean_only = BatchVerdict(1, lat.result(), tp.result())
+    mean_only = BatchComparison(1, lat.result(), tp.result())
     assert mean_only.outcome(th) is BatchOutcome.WINS  # what comparing means alone would do
-    bv = BatchVerdict(1, lat.result(), tp.result(), tail=tail)
+    bv = BatchComparison(1, lat.result(), tp.result(), tail=tail)
     assert bv.outcome(th) is BatchOutcome.REGRESSES and bv.settled(th)
     d = decide([bv], th, deadline_passed=True, planned=[1])
-    assert d.action is Action.ROLLBACK and "p99 per-token latency" in d.reason and "tail tolerance" in d.reason
+    assert d.action is Move.ROLLBACK and "p99 per-token latency" in d.reason and "tail tolerance" in d.reason
 
 
 def test_equal_tails_are_not_worse_and_small_counts_are_not_enough_data():
@@ -734,7 +734,7 @@ def test_equal_tails_are_not_worse_and_small_counts_are_not_enough_data():
     small = compare_tail_latency(_hist(a[:50]), _hist(50 * b[:50]))
     assert small.verdict is Verdict.NOT_ENOUGH_DATA and "observations" in small.note
     d = json.loads(json.dumps(t.to_dict()))
-    from lookahead_operator.measurement.statistics import TailComparison
+    from lookahead_operator.measurement.stats import TailComparison
     assert TailComparison.from_dict(d) == t
 
 

@@ -1,0 +1,62 @@
+"""What the measurement hands the state machine, one type per need: the preflight's
+``PreflightResult``, a step's ``StepMeasurement``, the guard's ``GuardCheck``; and the batch sizes
+the guard drives (``guard_batch_sizes``, pure on the status: the state machine and the guard read
+the same list)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lookahead_operator.api.status import BatchResult, DecisionAction, LookaheadPolicyStatus, PreflightStatus
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """The statistics of the current measurement step, computed from Prometheus."""
+    row: BatchResult                  # the status.batches row (numbers, intervals, samples, verdict)
+    conclusive: bool                  # the sequential test has an answer at the policy's confidence
+
+
+@dataclass(frozen=True)
+class GuardCheck:
+    """Promoted pods vs the control during a wave or the guard."""
+    regressed: bool
+    message: str
+    enough_data: bool = True
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    status: PreflightStatus           # candidate, verdict, reasons
+    batch_sizes: list[int]            # the sweep to measure (the spec's, or auto from the fleet)
+
+
+def _measured(row: BatchResult) -> bool:
+    s = row.samples
+    return s is not None and (s.control or 0) > 0 and (s.canary or 0) > 0
+
+
+def guard_batch_sizes(status: LookaheadPolicyStatus) -> list[tuple[int, bool]]:
+    """The batch sizes the guard drives, one after the other, each with whether the promoted config
+    has lookahead on there (pure; ``measure.guard`` reads the same list).
+
+    * A full promotion (lookahead on everywhere): the largest planned batch size, where a throughput
+      regression would show.
+    * A regime-aware promotion (lookahead on for 1..W, off above): the largest batch size measured
+      as a win at or below W -- inside the regime that changed -- and the smallest measured batch size
+      above W (the crossover, where the pods must have switched lookahead off), if one was measured.
+      The largest planned size alone would sit where a regime-aware pod runs exactly as before.
+    """
+    planned = status.progress.batch_sizes or [r.batch_size for r in status.batches or []] or [1]
+    d = status.decision
+    on = [r.end for r in (d.regime or []) if r.enabled] if d is not None else []
+    if d is None or d.action != DecisionAction.PromoteRegimeAware or not on:
+        return [(max(planned), True)]
+    last_on = max(on)
+    rows = [r for r in status.batches or [] if _measured(r)]
+    wins = [r.batch_size for r in rows if r.batch_size <= last_on and r.verdict == "Wins"]
+    above = [r.batch_size for r in rows if r.batch_size > last_on]
+    legs = [(max(wins) if wins else last_on, True)]
+    if above:
+        legs.append((min(above), False))
+    return legs
