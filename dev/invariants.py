@@ -69,7 +69,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 from lookahead_operator.controller import builders
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 from lookahead_operator.controller import fleet
 from lookahead_operator.api.names import (
     ANNOTATION_ORIGINAL_TEMPLATE,
@@ -89,12 +89,12 @@ from lookahead_operator.api.names import (
     ROLES,
     VERSION,
 )
-from lookahead_operator.api.models import (
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import (
     TERMINAL_PHASES,
     BatchVerdict,
     Decision,
     DecisionAction,
-    LookaheadPolicySpec,
     LookaheadPolicyStatus,
     Phase,
 )
@@ -114,8 +114,8 @@ P = Phase
 _NON_TERMINAL = frozenset(p for p in Phase if p not in TERMINAL_PHASES)
 
 #: Every phase change ``statemachine.reconcile`` can make (it has no table of its own; built from
-#: its code, every ``b.go(...)``):
-#:  * the phase handlers ``statemachine._PHASES``: ``_pending`` (-> Preflight), ``_preflight``
+#: its code, every ``ctx.transition(...)``):
+#:  * the phase handlers ``statemachine.core._PHASES``: ``_pending`` (-> Preflight), ``_preflight``
 #:    (-> Launching | NotACandidate), ``_launching`` (-> Measuring | Failed via ``_stop``),
 #:    ``_measuring`` (-> Deciding), ``_deciding`` (-> Promoting | Succeeded | RolledBack | Failed |
 #:    NotACandidate via ``_stop``), ``_promoting`` (-> Guarding | RolledBack via ``_roll_back``),

@@ -14,14 +14,16 @@ from kubernetes.client.rest import ApiException
 
 from lookahead_operator.controller import builders as b
 from lookahead_operator.kube import cache
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 from lookahead_operator.controller import fleet
 from lookahead_operator.controller import loadjobs
+from lookahead_operator.controller.roles import role_transform
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.controller.world import Action, ActionKind, Observed
 from lookahead_operator.kube.client import Kube, api_message
-from lookahead_operator.api.models import LookaheadPolicySpec
-from lookahead_operator.controller.statemachine import ActionKind
+from lookahead_operator.api.names import ANNOTATION_OWNER, ANNOTATION_PROMOTED, ROLES
+from lookahead_operator.api.spec import LookaheadPolicySpec
 
 log = logging.getLogger("lookahead_operator")
 
@@ -36,7 +38,7 @@ class Ctx:
     k: Kube
     body: dict                        # the policy object
     spec: LookaheadPolicySpec | None
-    world: sm.Observed
+    world: Observed
 
     @property
     def me(self) -> str:
@@ -55,7 +57,7 @@ def _unless_gone():
             raise
 
 
-def _claim(c: Ctx, a: sm.Action) -> None:
+def _claim(c: Ctx, a: Action) -> None:
     for ns, name in a.targets:
         d = c.k.fresh_deployment(ns, name)  # the template saved must be the latest
         if d is not None:
@@ -63,22 +65,22 @@ def _claim(c: Ctx, a: sm.Action) -> None:
                 c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
 
 
-def _release(c: Ctx, a: sm.Action) -> None:
+def _release(c: Ctx, a: Action) -> None:
     for ns, name in a.targets:
         d = c.k.get_deployment(ns, name)
         ann = (d or {}).get("metadata", {}).get("annotations") or {}
         # Never drop the saved template of a Deployment that is still promoted.
-        if d is not None and ann.get(b.ANNOTATION_OWNER) == c.me and not ann.get(b.ANNOTATION_PROMOTED):
+        if d is not None and ann.get(ANNOTATION_OWNER) == c.me and not ann.get(ANNOTATION_PROMOTED):
             with _unless_gone():
                 c.k.patch_deployment(ns, name, b.release_patch())
 
 
-def _leave(c: Ctx, a: sm.Action) -> None:
+def _leave(c: Ctx, a: Action) -> None:
     """A target its user edited: drop every mark of ours (annotations only, never the template), so
     nothing of this policy, nor a later claim, can put an outdated template back over the edit."""
     for ns, name in a.targets:
         d = c.k.fresh_deployment(ns, name)  # (fresh: a lagging cache would repeat the release and its event)
-        if d is not None and (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) == c.me:
+        if d is not None and (d["metadata"].get("annotations") or {}).get(ANNOTATION_OWNER) == c.me:
             _let_go(c, d)
 
 
@@ -91,31 +93,25 @@ def _let_go(c: Ctx, d: dict) -> None:
                    "user's change wins: released, and neither promoted nor restored by this policy")
 
 
-def _disown(c: Ctx, a: sm.Action) -> None:
+def _disown(c: Ctx, a: Action) -> None:
     for ns, name in a.targets:
         d = c.k.get_deployment(ns, name)
-        if d is not None and (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) == c.me:
+        if d is not None and (d["metadata"].get("annotations") or {}).get(ANNOTATION_OWNER) == c.me:
             with _unless_gone():
-                c.k.patch_deployment(ns, name, {"metadata": {"annotations": {b.ANNOTATION_OWNER: None}}})
+                c.k.patch_deployment(ns, name, {"metadata": {"annotations": {ANNOTATION_OWNER: None}}})
 
 
-def role_transform(spec: LookaheadPolicySpec, role: str, engine: str):
-    if role == "canary":
-        return lambda container: engines.render_lookahead(container, spec.lookahead, None, engine)
-    return lambda container: engines.render_off(container, engine)
-
-
-def _ensure_roles(c: Ctx, a: sm.Action) -> None:
+def _ensure_roles(c: Ctx, a: Action) -> None:
     w = c.world
     roles = {r for r, present in w.roles_present.items() if present}
-    if all(r in roles for r in b.ROLES):
+    if all(r in roles for r in ROLES):
         return
     source = sm.role_source(w)  # (never a target left to its user: its template is no longer the fleet's)
     d = c.k.get_deployment(*source.key)
     if d is None:
         raise ValueError(f"target {source.namespace}/{source.name} disappeared")
     engine = source.engine or "reference"
-    for role in b.ROLES:
+    for role in ROLES:
         if role in roles:
             continue
         obj = b.build_role_deployment(d, c.body, role, c.spec.canary.replicas, role_transform(c.spec, role, engine),
@@ -127,21 +123,21 @@ def _ensure_roles(c: Ctx, a: sm.Action) -> None:
         c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace))
 
 
-def _roles_namespace(w: sm.Observed) -> str:
+def _roles_namespace(w: Observed) -> str:
     """Where canary and control are (observed), else beside the target they are cloned from."""
     return w.roles_namespace or sm.role_source(w).namespace
 
 
-def _ensure_load(c: Ctx, a: sm.Action) -> None:
+def _ensure_load(c: Ctx, a: Action) -> None:
     w = c.world
     namespace = _roles_namespace(w)
-    pods = {role: c.k.role_pods(namespace, w.namespace, w.name, role) for role in b.ROLES}
+    pods = {role: c.k.role_pods(namespace, w.namespace, w.name, role) for role in ROLES}
     for job in loadjobs.step_jobs(c.spec, c.body, namespace, a.step, a.run, a.batch_size, pods, a.until or w.now,
                                   w.now):
         c.k.create_if_absent(job)
 
 
-def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
+def _ensure_guard_load(c: Ctx, a: Action) -> None:
     w = c.world
     newest = fleet.newest_promoted(sm.in_play(w))  # never a target left to its user
     if newest is None:
@@ -152,11 +148,11 @@ def _ensure_guard_load(c: Ctx, a: sm.Action) -> None:
         c.k.create_if_absent(job)
 
 
-def _delete_load(c: Ctx, a: sm.Action) -> None:
+def _delete_load(c: Ctx, a: Action) -> None:
     c.k.delete_load_jobs(c.world.namespace, c.world.name)
 
 
-def _delete_roles(c: Ctx, a: sm.Action) -> None:
+def _delete_roles(c: Ctx, a: Action) -> None:
     c.k.delete_role_deployments(c.world.namespace, c.world.name)
 
 
@@ -178,7 +174,7 @@ def _replace_checked(c: Ctx, ns: str, name: str, write) -> None:
                 raise
 
 
-def _promote(c: Ctx, a: sm.Action) -> None:
+def _promote(c: Ctx, a: Action) -> None:
     """Promote each target by replacing its template wholesale with the saved original plus the
     engine change (``builders.promote_body``, a PUT with the resourceVersion read): never merged onto
     whatever is live, never over a template its user edited (the next pass leaves that one to them),
@@ -196,7 +192,7 @@ def _promote(c: Ctx, a: sm.Action) -> None:
         if b.user_edited(d):
             log.warning("%s: not promoting %s/%s: its pod template was edited by its user", c.me, ns, name)
             return
-        if ann.get(b.ANNOTATION_PROMOTED) == a.decision_id and ann.get(b.ANNOTATION_PROMOTED_TEMPLATE):
+        if ann.get(ANNOTATION_PROMOTED) == a.decision_id and ann.get(b.ANNOTATION_PROMOTED_TEMPLATE):
             return  # done before (and not edited since): nothing to write
         engine = fleet.target_of(d, c.spec.engine).engine or "reference"
         c.k.replace_deployment(b.promote_body(
@@ -208,7 +204,7 @@ def _promote(c: Ctx, a: sm.Action) -> None:
         _replace_checked(c, ns, name, write)
 
 
-def _restore(c: Ctx, a: sm.Action) -> None:
+def _restore(c: Ctx, a: Action) -> None:
     """Put each target's saved template back (a PUT with the resourceVersion read), unless its user
     edited it: then the user's template stays and only our marks go."""
 
@@ -217,7 +213,7 @@ def _restore(c: Ctx, a: sm.Action) -> None:
         if b.original_template(d) is None:
             return
         if b.user_edited(d):
-            if (d["metadata"].get("annotations") or {}).get(b.ANNOTATION_OWNER) in (c.me, None):
+            if (d["metadata"].get("annotations") or {}).get(ANNOTATION_OWNER) in (c.me, None):
                 _let_go(c, d)
             return
         c.k.replace_deployment(b.restore_body(d))

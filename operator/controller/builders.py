@@ -2,7 +2,7 @@
 
 Nothing here talks to the API server. The handlers call these and send what they return.
 The engine-specific part (which flags turn lookahead on or off) is a callable passed in from
-``lookahead_operator.engines.adapters``, so one builder serves vLLM, SGLang and the reference engine.
+``lookahead_operator.engines``, so one builder serves vLLM, SGLang and the reference engine.
 """
 
 from __future__ import annotations
@@ -177,6 +177,18 @@ def container_port(container: dict, default: int = 8000) -> int:
     return int(ports[0]["containerPort"]) if ports else default
 
 
+def _load_prompts(prompts) -> tuple[str, list[dict], list[dict]]:
+    """The load generator's ``--prompts`` argument, and the volume and mount its prompts need: a
+    bundled set by name (none), or the team's ConfigMap mounted at ``PROMPTS_MOUNT``."""
+    ref = getattr(prompts, "config_map_ref", None)
+    if ref is None:
+        builtin = getattr(prompts, "builtin", None) or prompts or "chat"
+        return str(getattr(builtin, "value", builtin)), [], []
+    volume = {"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}}
+    mount = {"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True}
+    return f"{PROMPTS_MOUNT}/{ref.key}", [volume], [mount]
+
+
 def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run: int, batch_size: int, url: str,
                    duration_s: float, image: str, prompts, model: str | None = None,
                    extra_labels: dict[str, str] | None = None,
@@ -191,15 +203,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
     policy_name = policy["metadata"]["name"]
     labels = {**policy_labels(policy), LABEL_ROLE: "loadgen", LABEL_STEP: str(step), LABEL_RUN: str(run),
               LABEL_MANAGED_BY: MANAGED_BY, LABEL_DRIVES: role, **(extra_labels or {})}
-    volumes, mounts = [], []
-    ref = getattr(prompts, "config_map_ref", None)
-    if ref is not None:
-        prompts_arg = f"{PROMPTS_MOUNT}/{ref.key}"
-        volumes.append({"name": "prompts", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}})
-        mounts.append({"name": "prompts", "mountPath": PROMPTS_MOUNT, "readOnly": True})
-    else:
-        builtin = getattr(prompts, "builtin", None) or prompts or "chat"
-        prompts_arg = str(getattr(builtin, "value", builtin))
+    prompts_arg, volumes, mounts = _load_prompts(prompts)
     args = ["--url", url, "--concurrency", str(batch_size), "--step-duration", f"{int(duration_s)}s",
             "--prompts", prompts_arg, "--json"]
     if model:

@@ -19,15 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from lookahead_operator.api.models import Condition, ConditionStatus, ConditionType, Phase
+from lookahead_operator.api.status import Condition, ConditionStatus, ConditionType, Phase
+from lookahead_operator.controller.world import WITH_ROLES
 
 __all__ = ["Fact", "derive", "get", "SCOPE"]
 
-_WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})
-
 #: Condition types that are dropped outside these phases.
 SCOPE: dict[ConditionType, frozenset[Phase]] = {
-    ConditionType.RolesReady: _WITH_ROLES,
+    ConditionType.RolesReady: WITH_ROLES,
     ConditionType.WaveReady: frozenset({Phase.Promoting}),
     ConditionType.GuardData: frozenset({Phase.Promoting, Phase.Guarding}),
     ConditionType.MetricsAvailable: frozenset({Phase.Preflight, Phase.Measuring, Phase.Promoting, Phase.Guarding}),

@@ -1,24 +1,25 @@
 """The fleet as the state machine sees it: a target Deployment's ownership, promotion and rollout
-state (``statemachine.Target``), read off the Deployment object. Pure functions of API objects."""
+state (``world.Target``), read off the Deployment object. Pure functions of API objects."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.engines import adapters as engines
-from lookahead_operator.controller import statemachine as sm
+from lookahead_operator import engines
+from lookahead_operator.controller.world import Target
+from lookahead_operator.api.names import ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_OWNER, ANNOTATION_PROMOTED
 
 
-def target_of(deployment: dict, spec_engine: Any) -> sm.Target:
+def target_of(deployment: dict, spec_engine: Any) -> Target:
     meta = deployment["metadata"]
     ann = meta.get("annotations") or {}
     engine = getattr(spec_engine, "value", spec_engine)
     if engine in (None, "auto"):
         engine = engines.detect_engine(deployment["spec"]["template"])
-    return sm.Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
-                     owner=ann.get(b.ANNOTATION_OWNER), saved=bool(ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE)),
-                     promoted=ann.get(b.ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
+    return Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
+                     owner=ann.get(ANNOTATION_OWNER), saved=bool(ann.get(ANNOTATION_ORIGINAL_TEMPLATE)),
+                     promoted=ann.get(ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
                      rollout_failed=rollout_failed(deployment))
 
 
@@ -45,12 +46,12 @@ def rollout_failed(d: dict) -> str | None:
     return None
 
 
-def reference_target(targets: list[sm.Target]) -> sm.Target:
+def reference_target(targets: list[Target]) -> Target:
     """The target whose pod template the canary and control are cloned from (stable choice)."""
     return sorted(targets, key=lambda t: t.key)[0]
 
 
-def newest_promoted(targets: list[sm.Target]) -> sm.Target | None:
+def newest_promoted(targets: list[Target]) -> Target | None:
     """The target promoted last (waves promote targets in their stable order)."""
     promoted = sorted((t for t in targets if t.promoted), key=lambda t: t.key)
     return promoted[-1] if promoted else None

@@ -8,9 +8,10 @@ import os
 from datetime import datetime
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.controller.world import Target
 from lookahead_operator.controller.fleet import pod_ready
-from lookahead_operator.api.models import LookaheadPolicySpec
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.names import ANNOTATION_PROMOTED, LABEL_POD, ROLES
 
 DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
 
@@ -20,14 +21,14 @@ def _load_image(spec: LookaheadPolicySpec) -> str:
 
 
 def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, batch_size: int,
-               newest: sm.Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
+               newest: Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
     """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
     pods carry the decision id), one on a ready control pod. Each lasts as long as a guard may wait
     for its data (a wave or the final guard waits past its duration, up to ``analysis.deadline``,
     until the comparison has enough samples); the state machine deletes them when the guard moves
     on. A Job that ran out sooner would leave the guard without load, then without data."""
     promoted_pods = [p for p in fleet_pods
-                     if (p["metadata"].get("annotations") or {}).get(b.ANNOTATION_PROMOTED) == newest.promoted
+                     if (p["metadata"].get("annotations") or {}).get(ANNOTATION_PROMOTED) == newest.promoted
                      and not p["metadata"].get("deletionTimestamp")]
     duration = max(spec.promotion.guard.duration + spec.promotion.wave_duration,
                    spec.analysis.deadline).total_seconds()
@@ -41,7 +42,7 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
         url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
         jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
                                      duration, _load_image(spec), spec.load.prompts,
-                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]},
+                                     extra_labels={LABEL_POD: pod["metadata"]["name"]},
                                      resources=spec.load.resources.as_container()))
     return jobs
 
@@ -56,7 +57,7 @@ def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_inde
     state machine deletes it when the step ends."""
     duration = max(spec.load.step_duration.total_seconds(), (until - now).total_seconds())
     jobs = []
-    for role in b.ROLES:
+    for role in ROLES:
         pods = [p for p in pods_by_role.get(role, []) if (p.get("status") or {}).get("podIP") and pod_ready(p)]
         if not pods:
             return []
@@ -65,6 +66,6 @@ def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_inde
         url = f"http://{pod['status']['podIP']}:{port}"
         jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
                                      _load_image(spec), spec.load.prompts,
-                                     extra_labels={b.LABEL_POD: pod["metadata"]["name"]},
+                                     extra_labels={LABEL_POD: pod["metadata"]["name"]},
                                      resources=spec.load.resources.as_container()))
     return jobs

@@ -1,4 +1,4 @@
-"""What the state machine sees: one policy's world (``statemachine.Observed``), read through a
+"""What the state machine sees: one policy's world (``world.Observed``), read through a
 ``cache.CachedView`` (or the API client itself) and measured as ``statemachine.NEEDS`` says."""
 
 from __future__ import annotations
@@ -9,27 +9,38 @@ from dataclasses import replace
 from datetime import datetime
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.kube import cache
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 from lookahead_operator.controller import fleet
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.controller.actions import role_transform
-from lookahead_operator.api.names import ANNOTATION_ABORT, ANNOTATION_APPROVE
-from lookahead_operator.kube.client import Kube
-from lookahead_operator.api.models import MAX_POLICY_NAME, LookaheadPolicySpec, LookaheadPolicyStatus, Phase
+from lookahead_operator.controller.world import Need, Observed, ReadError, Target
+from lookahead_operator.controller.roles import role_transform
+from lookahead_operator.api.names import (
+    ANNOTATION_ABORT,
+    ANNOTATION_APPROVE,
+    ANNOTATION_ORIGINAL_TEMPLATE,
+    LABEL_DRIVES,
+    LABEL_POD,
+    LABEL_ROLE,
+    LABEL_RUN,
+    ROLES,
+)
+from lookahead_operator.kube.client import Kube, recently_created
+from lookahead_operator.api.policy import MAX_POLICY_NAME
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
 
-#: statemachine.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
+#: world.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
 #: waits on wake it at once, and a pass that finds nothing new reads only the watched caches.
 POLL_S = float(os.environ.get("LOOKAHEAD_POLL_SECONDS", "30"))
 
 
 def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
-            now: datetime) -> sm.Observed:
+            now: datetime) -> Observed:
     """The world as the state machine sees it, read through ``k`` (a ``cache.CachedView``, or the
     API client itself)."""
     meta = body["metadata"]
-    world = sm.Observed(now=now, name=meta["name"], namespace=meta["namespace"],
+    world = Observed(now=now, name=meta["name"], namespace=meta["namespace"],
                         generation=int(meta.get("generation", 1)), spec=spec, status=status, spec_error=spec_error,
                         poll_s=POLL_S)
     if len(meta["name"]) > MAX_POLICY_NAME:
@@ -47,17 +58,17 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     keys = {t.key for t in found}
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in known_targets(k, status, spec.engine) if t.key not in keys]
-    roles = {d["metadata"]["labels"][b.LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
+    roles = {d["metadata"]["labels"][LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
     role_ns = world.roles_namespace = _role_namespace(world, roles)
-    world.roles_present = {r: r in roles or cache.recently_created(
-        "Deployment", role_ns, b.role_deployment_name(meta["name"], r, meta["namespace"], role_ns)) for r in b.ROLES}
-    world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in b.ROLES}
+    world.roles_present = {r: r in roles or recently_created(
+        "Deployment", role_ns, b.role_deployment_name(meta["name"], r, meta["namespace"], role_ns)) for r in ROLES}
+    world.roles_ready = {r: fleet.deployment_ready(roles[r]) if r in roles else False for r in ROLES}
     world.support_problems = _support_problems(k, spec, world, status.phase)
     jobs = k.load_jobs(meta["namespace"], meta["name"])
     run = status.progress.load_run
     world.load_running = running_load(jobs, run)
     world.load_finished = finished_load(jobs, run)
-    driven = {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in b.ROLES}
+    driven = {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in ROLES}
     if status.phase in (Phase.Promoting, Phase.Guarding):
         # read once per pass: the guard's load Jobs are aimed at these pods (actions), and a Job
         # whose pod is no longer among them drives nothing
@@ -69,23 +80,37 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     need = sm.NEEDS.get(status.phase)
     policy = (meta["namespace"], meta["name"])
     try:
-        if need is sm.Need.PREFLIGHT:
-            world.preflight = measure.preflight(spec, world.targets)
-        elif need is sm.Need.STEP:
+        if need is Need.PREFLIGHT:
+            world.preflight = measure.read_preflight(spec, world.targets)
+        elif need is Need.STEP:
             world.step = measure.step(spec, policy, status, now)
-        elif need is sm.Need.DECISION:
+        elif need is Need.DECISION:
             source = sm.role_source(world)
             top = fleet.engine_max_batch(k.get_deployment(*source.key), source.engine) if source else None
-            world.decision = measure.decision(spec, status, max_batch_size=top)
-        elif need is sm.Need.GUARD:
+            world.decision = with_promoted_config(measure.decision(spec, status, max_batch_size=top), spec,
+                                                  measure.status_engine(status))
+        elif need is Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy))
     except measure.READ_ERRORS as exc:
-        world.read_errors.append(sm.ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
+        world.read_errors.append(ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
                                                             f"{type(exc).__name__}: {exc}"[:500]))
     return world
 
 
-def guard_fleet_pods(k, world: sm.Observed) -> list[dict]:
+def with_promoted_config(decision: Decision, spec: LookaheadPolicySpec, engine: str) -> Decision:
+    """A regime-aware promotion's decision with the engine config it will write
+    (``engines.regime_config`` up to ``measure.regime_cap``), or the reason the engine cannot have one."""
+    cap = measure.regime_cap(decision)
+    if cap is None:
+        return decision
+    try:
+        config = engines.regime_config(engine, spec.lookahead, cap)
+    except engines.EngineError as exc:
+        config = {"error": str(exc)}
+    return decision.model_copy(update={"config": config})
+
+
+def guard_fleet_pods(k, world: Observed) -> list[dict]:
     """The pods of the target promoted last (``fleet.newest_promoted``, never one left to its
     user), which the guard drives: a fleet's pods are in no watched cache, so this is one list call."""
     newest = fleet.newest_promoted(sm.in_play(world))
@@ -96,13 +121,13 @@ def guard_fleet_pods(k, world: sm.Observed) -> list[dict]:
 def current_load_jobs(jobs: list[dict], run: int | None) -> list[dict]:
     """The load Jobs of run ``run`` (label ``run``; None is run 0): those of earlier runs are being
     replaced, and drive nothing the state machine waits on."""
-    return [j for j in jobs if (j["metadata"].get("labels") or {}).get(b.LABEL_RUN) == str(run or 0)]
+    return [j for j in jobs if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == str(run or 0)]
 
 
 def running_load(jobs: list[dict], run: int | None) -> set[str]:
     """The roles (``drives`` label) whose load Job of run ``run``, not being deleted, has a ready
     pod (Job ``status.ready``; a load generator has no readiness probe, so ready = running)."""
-    return {j["metadata"]["labels"].get(b.LABEL_DRIVES) for j in current_load_jobs(jobs, run)
+    return {j["metadata"]["labels"].get(LABEL_DRIVES) for j in current_load_jobs(jobs, run)
             if not j["metadata"].get("deletionTimestamp") and ((j.get("status") or {}).get("ready") or 0) > 0}
 
 
@@ -114,7 +139,7 @@ def finished_load(jobs: list[dict], run: int | None) -> set[str]:
         st = j.get("status") or {}
         if not j["metadata"].get("deletionTimestamp") and (
                 st.get("succeeded") or st.get("failed") or st.get("completionTime")):
-            out.add(j["metadata"]["labels"].get(b.LABEL_DRIVES))
+            out.add(j["metadata"]["labels"].get(LABEL_DRIVES))
     return out
 
 
@@ -125,7 +150,7 @@ def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str,
     out = set()
     for j in current_load_jobs(jobs, run):
         labels = j["metadata"]["labels"]
-        role, pod = labels.get(b.LABEL_DRIVES), labels.get(b.LABEL_POD)
+        role, pod = labels.get(LABEL_DRIVES), labels.get(LABEL_POD)
         if role not in pods_by_role or not pod:
             continue
         live = {p["metadata"]["name"] for p in pods_by_role[role] if not p["metadata"].get("deletionTimestamp")}
@@ -134,7 +159,7 @@ def gone_load_targets(jobs: list[dict], run: int | None, pods_by_role: dict[str,
     return out
 
 
-def _role_namespace(world: sm.Observed, roles: dict) -> str:
+def _role_namespace(world: Observed, roles: dict) -> str:
     """Where the canary and control live: where they are, else beside the target they are cloned
     from (``statemachine.role_source``)."""
     if roles:
@@ -143,7 +168,7 @@ def _role_namespace(world: sm.Observed, roles: dict) -> str:
     return source.namespace if source is not None else world.namespace
 
 
-def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: sm.Observed, phase: Phase) -> list[str]:
+def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase: Phase) -> list[str]:
     check = getattr(engines, "support_problems", None)
     if check is None or phase not in (Phase.Pending, Phase.Preflight) or not world.targets:
         return []
@@ -156,7 +181,7 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: sm.Observed, ph
     problems = list(check(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware"))
     if not problems:  # what the adapters cannot render is refused now, not at the first patch
         container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
-        for role in b.ROLES:
+        for role in ROLES:
             try:
                 role_transform(spec, role, engine)(container)
             except engines.EngineError as exc:
@@ -164,7 +189,7 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: sm.Observed, ph
     return problems
 
 
-def known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Target]:
+def known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[Target]:
     out = []
     for row in status.targets or []:
         d = k.get_deployment(row.namespace, row.name)
@@ -173,7 +198,7 @@ def known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[sm.Tar
     return out
 
 
-def target_of(deployment: dict, engine) -> sm.Target:
+def target_of(deployment: dict, engine) -> Target:
     """A target Deployment as the state machine sees it (``fleet.target_of``), with whether its user
     edited its pod template since our last write (``builders.user_edited``)."""
     return replace(fleet.target_of(deployment, engine), user_edited=_user_edited(deployment))
@@ -188,7 +213,7 @@ def _user_edited(d: dict) -> bool:
     parses and compares no template."""
     meta = d["metadata"]
     ann = meta.get("annotations") or {}
-    if not ann.get(b.ANNOTATION_ORIGINAL_TEMPLATE):
+    if not ann.get(ANNOTATION_ORIGINAL_TEMPLATE):
         return False
     rv = meta.get("resourceVersion")
     if not rv:

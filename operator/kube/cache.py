@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from lookahead_operator.api import names as api
-from lookahead_operator.kube.client import Kube
-from lookahead_operator.kube.client import mark_created, recently_created  # noqa: F401 - (the registry lives with the writes)
-from lookahead_operator.api.models import LabelSelector, LookaheadPolicySpec
+from lookahead_operator.kube.client import Kube, mark_created, recently_created
+from lookahead_operator.api.spec import LabelSelector, LookaheadPolicySpec
 
 _DROP_META = ("managedFields",)
 _KEEP_META = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",

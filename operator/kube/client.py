@@ -16,7 +16,6 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from lookahead_operator.api import names as api
-from lookahead_operator.controller import builders as b
 
 log = logging.getLogger("lookahead_operator.kube.client")
 USER_AGENT = "lookahead-operator/0.1"
@@ -146,7 +145,7 @@ class Kube:
         for ns in namespaces:
             for body in self._list(f"{_APPS}/namespaces/{ns}/deployments", sel):
                 labels = body["metadata"].get("labels") or {}
-                if labels.get(b.LABEL_MANAGED_BY) == b.MANAGED_BY:
+                if labels.get(api.LABEL_MANAGED_BY) == api.MANAGED_BY:
                     continue  # never treat our own canary/control as fleet
                 out.append(body)
         return out
@@ -158,22 +157,22 @@ class Kube:
 
     @staticmethod
     def _policy_selector(policy_ns: str, policy_name: str) -> str:
-        return f"{b.LABEL_POLICY}={policy_name},{b.LABEL_POLICY_NAMESPACE}={policy_ns}"
+        return f"{api.LABEL_POLICY}={policy_name},{api.LABEL_POLICY_NAMESPACE}={policy_ns}"
 
     def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
-        sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_MANAGED_BY}={b.MANAGED_BY}"
+        sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
         return [d for d in self._list(f"{_APPS}/deployments", sel)
-                if (d["metadata"].get("labels") or {}).get(b.LABEL_ROLE) in b.ROLES]
+                if (d["metadata"].get("labels") or {}).get(api.LABEL_ROLE) in api.ROLES]
 
     def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
-        sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}={role}"
+        sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_ROLE}={role}"
         return self._list(f"{_CORE}/namespaces/{namespace}/pods", sel)
 
     def pods(self, namespace: str, selector: dict | None) -> list[dict]:
         return self._list(f"{_CORE}/namespaces/{namespace}/pods", selector_string(selector))
 
     def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
-        sel = f"{self._policy_selector(policy_ns, policy_name)},{b.LABEL_ROLE}=loadgen"
+        sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_ROLE}=loadgen"
         return self._list(f"{_BATCH}/jobs", sel)
 
     def get_policy(self, namespace: str, name: str) -> dict | None:

@@ -29,30 +29,26 @@ from lookahead_operator.controller import actions
 from lookahead_operator.api import names as api
 from lookahead_operator.kube import cache
 from lookahead_operator.controller import conditions
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 from lookahead_operator.runtime import metrics
+from lookahead_operator.runtime.wakeups import Wakeups
 from lookahead_operator.controller import observe
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.api.names import ANNOTATION_ABORT, ANNOTATION_APPROVE, FINALIZER, GROUP, PLURAL, VERSION
+from lookahead_operator.controller.world import Action, Observed
+from lookahead_operator.api.names import FINALIZER, GROUP, PLURAL, VERSION
 from lookahead_operator.controller.conditions import Fact
 from lookahead_operator.kube.client import Kube, api_message
-from lookahead_operator.api.models import (
-    MAX_POLICY_NAME,
-    NAME_TOO_LONG,
-    ConditionType,
-    LookaheadPolicySpec,
-    LookaheadPolicyStatus,
-    Phase,
-    spec_error,
-)
+from lookahead_operator.api.policy import MAX_POLICY_NAME, NAME_TOO_LONG
+from lookahead_operator.api.spec import LookaheadPolicySpec, spec_error
+from lookahead_operator.api.status import ConditionType, LookaheadPolicyStatus, Phase
 
 log = logging.getLogger("lookahead_operator")
 
 MAX_PASSES = 4            # passes chained within one wake-up while phases move on at once
 ERROR_BACKOFF_S = float(os.environ.get("LOOKAHEAD_ERROR_BACKOFF_SECONDS", "5"))
 _kube: Kube | None = None
-_wakers: dict[str, asyncio.Event] = {}
-_seen: dict[str, tuple] = {}
+#: the daemons' wake-up events and what decides which a watch event sets (one for the operator)
+wakeups = Wakeups()
 
 
 def kube() -> Kube:
@@ -168,40 +164,16 @@ async def jobs_by_policy(labels, body, **_):
 
 # --- scheduling: a daemon per policy, woken by changes -------------------------------------------------
 
-_uid_by_key: dict[str, str] = {}     # "namespace/name" of a policy -> its uid (for wake-ups)
-#: policies waiting for their targets to appear -> the namespaces they search (None: any, for a
-#: namespace selector), so that a new Deployment wakes only those it may concern
-_pending: dict[str, frozenset[str] | None] = {}
-#: uid -> the policy's resourceVersion its daemon saw when it found it could not go on with it (a
-#: write conflicted, or Kopf's finalizer is not on it yet): the next event of that policy wakes it
-_stale: dict[str, str] = {}
-#: how long a daemon waits for that next event before it tries again anyway
+#: how long a daemon waits for a newer version of its policy (``Wakeups.wait_for_newer``) before
+#: it tries again anyway
 STALE_WAIT_S = 2.0
-
-
-def _wake(key: str) -> None:
-    uid = _uid_by_key.get(key)
-    if uid in _wakers:
-        _wakers[uid].set()
-
-
-def _signature(meta) -> tuple:
-    ann = meta.get("annotations") or {}
-    return (meta.get("generation"), ann.get(ANNOTATION_APPROVE), ann.get(ANNOTATION_ABORT))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def wake(meta, **_) -> None:
     """A change of the spec or of a gate annotation wakes the policy's daemon at once (status
     writes, ours included, do not); so does any newer version of a policy whose daemon waits for one."""
-    uid = meta.get("uid")
-    sig = _signature(meta)
-    stale = _stale.get(uid)
-    if _seen.get(uid) != sig or (stale is not None and meta.get("resourceVersion") != stale):
-        _seen[uid] = sig
-        _stale.pop(uid, None)
-        if uid in _wakers:
-            _wakers[uid].set()
+    wakeups.policy_event(meta)
 
 
 @kopf.on.event("apps", "v1", "deployments")
@@ -209,16 +181,7 @@ async def wake_on_deployment(meta, **_) -> None:
     """A canary/control or a claimed target changed (created, ready, rolled out, failed): wake its
     policy; any other Deployment may be a new target for a policy still looking for its fleet in
     that namespace."""
-    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
-    if labels.get(api.LABEL_POLICY) and labels.get(api.LABEL_POLICY_NAMESPACE):
-        _wake(f"{labels[api.LABEL_POLICY_NAMESPACE]}/{labels[api.LABEL_POLICY]}")
-    elif ann.get(api.ANNOTATION_OWNER):
-        _wake(ann[api.ANNOTATION_OWNER])
-    elif _pending:
-        namespace = meta.get("namespace")
-        for key, namespaces in list(_pending.items()):
-            if namespaces is None or namespace in namespaces:
-                _wake(key)
+    wakeups.deployment_event(meta)
 
 
 async def _sleep(wake_event: asyncio.Event, stopped, timeout: float | None) -> None:
@@ -239,8 +202,7 @@ async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, p
     copy)."""
     uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
     key = f"{namespace}/{name}"
-    _uid_by_key[key] = uid
-    wake_event = _wakers.setdefault(uid, asyncio.Event())
+    wake_event = wakeups.register(key, uid)
     indexes = (namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy)
     superseded: frozenset[str] = frozenset()   # resourceVersions our own status writes replaced
     first = True
@@ -261,7 +223,7 @@ async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, p
                 stale_since = stale_since if stale_since is not None else loop.time()
                 left = STALE_WAIT_S - (loop.time() - stale_since)
                 if left > 0:
-                    _stale[uid] = seen_rv
+                    wakeups.wait_for_newer(uid, seen_rv)
                     await _sleep(wake_event, stopped, left)
                     continue
                 if seen_rv in superseded:      # the watch lags that much: read the policy itself
@@ -278,7 +240,7 @@ async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, p
                     if body["metadata"].get("resourceVersion") != seen_rv:
                         requeue = 0            # (it came while the pass ran)
                     else:
-                        _stale[uid] = seen_rv
+                        wakeups.wait_for_newer(uid, seen_rv)
                         requeue = STALE_WAIT_S
             except Exception:  # noqa: BLE001 - the API or a bug: log, back off, try again
                 log.exception("reconcile of %s failed; retrying in %ss", key, ERROR_BACKOFF_S)
@@ -289,12 +251,7 @@ async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, p
                 continue
             await _sleep(wake_event, stopped, requeue)
     finally:
-        _wakers.pop(uid, None)
-        _seen.pop(uid, None)
-        _stale.pop(uid, None)
-        _pending.pop(key, None)
-        if _uid_by_key.get(key) == uid:
-            del _uid_by_key[key]
+        wakeups.forget(key, uid)
 
 
 async def _pass(namespace: str, name: str, body, indexes: tuple) -> tuple[float | None, frozenset[str], bool]:
@@ -382,20 +339,16 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
         t_pass = _now_precise()
         world = observe.observe(view, body, spec, error, status, now)
         plan = sm.reconcile(world)
-        ctx = actions.Ctx(view, body, spec, world)
-        try:
-            for action in plan.actions:
-                actions.ACTIONS[action.kind](ctx, action)
-        except (ApiException, engines.EngineError, ValueError, OSError) as exc:
+        failure = _carry_out(actions.Ctx(view, body, spec, world), plan.actions)
+        if failure is not None:
             metrics.RECONCILE_ERRORS.labels(status.phase).inc()
-            why = f"{action.kind} failed: {api_message(exc)}"
-            log.warning("%s: %s", key, why)
-            status = _with_fact(status, ConditionType.Reconciled, Fact(False, "ActionFailed", why), world)
+            log.warning("%s: %s", key, failure)
+            status = _with_fact(status, ConditionType.Reconciled, Fact(False, "ActionFailed", failure), world)
             out = _write(k, body, status)
             if out is not None:
                 superseded.add(out[0])
                 body = out[1]
-            return ERROR_BACKOFF_S, (frozenset(superseded), body) if superseded else None, False
+            return ERROR_BACKOFF_S, _last_written(superseded, body), False
         new = _with_fact(plan.status, ConditionType.Reconciled, Fact(True, "Done", "the last pass's actions were "
                                                                       "carried out"), world)
         if new.phase != status.phase:
@@ -409,7 +362,7 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
             out = _write(k, body, status)
         except ApiException as exc:
             if exc.status == 409:  # the policy changed under us: the watch brings the new one; re-plan
-                return None, (frozenset(superseded), body) if superseded else None, True
+                return None, _last_written(superseded, body), True
             raise
         if out is not None:
             superseded.add(out[0])
@@ -422,13 +375,38 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
                   (_now_precise() - t_pass), requeue)
         if not moved or requeue is None or requeue > 1.0:
             break
-    if status.phase == Phase.Pending:
-        _pending[key] = None if spec is not None and spec.targets.namespace_selector is not None \
-            and not spec.targets.namespaces else frozenset(snap.deployments)
-    else:
-        _pending.pop(key, None)
+    _note_pending(key, spec, status, snap)
     metrics.record_phase(key, status.phase)
-    return requeue, (frozenset(superseded), body) if superseded else None, False
+    return requeue, _last_written(superseded, body), False
+
+
+def _carry_out(ctx: actions.Ctx, plan: list[Action]) -> str | None:
+    """Carry out a plan's actions in order; at the first that fails (the API, an engine's adapter,
+    a disappeared target), stop and say which and why."""
+    for action in plan:
+        try:
+            actions.ACTIONS[action.kind](ctx, action)
+        except (ApiException, engines.EngineError, ValueError, OSError) as exc:
+            return f"{action.kind} failed: {api_message(exc)}"
+    return None
+
+
+def _last_written(superseded: set[str], body: dict) -> tuple[frozenset, dict] | None:
+    """What ``reconcile_once`` returns of its writes: the resourceVersions they replaced and the
+    last object written, or None when it wrote nothing."""
+    return (frozenset(superseded), body) if superseded else None
+
+
+def _note_pending(key: str, spec: LookaheadPolicySpec | None, status: LookaheadPolicyStatus,
+                  snap: cache.Snapshot) -> None:
+    """A policy still in Pending waits for its targets: a new Deployment in the namespaces it
+    searches (any, for a namespace selector) wakes it."""
+    if status.phase == Phase.Pending:
+        any_namespace = spec is not None and spec.targets.namespace_selector is not None \
+            and not spec.targets.namespaces
+        wakeups.set_pending(key, None if any_namespace else frozenset(snap.deployments))
+    else:
+        wakeups.not_pending(key)
 
 
 def _write(k: Kube, body: dict, status: LookaheadPolicyStatus) -> tuple[str, dict] | None:
@@ -437,7 +415,7 @@ def _write(k: Kube, body: dict, status: LookaheadPolicyStatus) -> tuple[str, dic
     return (before, out) if out is not body else None
 
 
-def _with_fact(status: LookaheadPolicyStatus, type_: ConditionType, fact: Fact, world: sm.Observed):
+def _with_fact(status: LookaheadPolicyStatus, type_: ConditionType, fact: Fact, world: Observed):
     out = status.model_copy(deep=True)
     out.conditions = conditions.derive(status.conditions, {type_: fact}, status.phase, status.message or "",
                                        world.generation, world.now)
@@ -473,7 +451,7 @@ def cleanup(body, meta, **_) -> None:
     body = dict(body)
     status = parse_status(body)
     spec, _ = parse_spec(body)
-    world = sm.Observed(now=_now(), name=name, namespace=namespace, generation=int(meta.get("generation", 1)),
+    world = Observed(now=_now(), name=name, namespace=namespace, generation=int(meta.get("generation", 1)),
                         spec=spec, status=status)
     known = observe.known_targets(k, status, spec.engine if spec else None)
     if spec is not None:  # and whatever matches now (a claim may have landed after the last status write)

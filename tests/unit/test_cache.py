@@ -21,7 +21,9 @@ from lookahead_operator.kube import client as kube
 from lookahead_operator.controller import loadjobs
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import observe
-from lookahead_operator.api.models import LabelSelector, LookaheadPolicySpec, LookaheadPolicyStatus
+from lookahead_operator.api.spec import LabelSelector, LookaheadPolicySpec
+from lookahead_operator.api.status import LookaheadPolicyStatus
+from lookahead_operator.controller.world import Observed, Target
 
 T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 
@@ -259,16 +261,16 @@ def test_snapshot_takes_what_one_policy_needs():
 @pytest.fixture
 def daemons():
     """Three policies' daemons as ``handlers.run`` registers them, waiting."""
-    saved = (dict(handlers._wakers), dict(handlers._uid_by_key), dict(handlers._pending), dict(handlers._stale),
-             dict(handlers._seen))
+    saved = (dict(handlers.wakeups.wakers), dict(handlers.wakeups.uid_by_key), dict(handlers.wakeups.pending),
+             dict(handlers.wakeups.stale), dict(handlers.wakeups.seen))
     events = {}
     for key in ("team-a/bench", "team-b/bench", "team-c/bench"):
         uid = f"uid-{key}"
-        handlers._uid_by_key[key] = uid
-        events[key] = handlers._wakers[uid] = asyncio.Event()
+        handlers.wakeups.uid_by_key[key] = uid
+        events[key] = handlers.wakeups.wakers[uid] = asyncio.Event()
     yield events
-    for live, old in zip((handlers._wakers, handlers._uid_by_key, handlers._pending, handlers._stale, handlers._seen),
-                         saved):
+    for live, old in zip((handlers.wakeups.wakers, handlers.wakeups.uid_by_key, handlers.wakeups.pending,
+                          handlers.wakeups.stale, handlers.wakeups.seen), saved):
         live.clear()
         live.update(old)
 
@@ -281,7 +283,7 @@ def _woken(events):
 
 
 def test_a_new_deployment_wakes_only_pending_policies_searching_its_namespace(daemons):
-    handlers._pending.update({"team-a/bench": frozenset({"team-a"}), "team-c/bench": None})
+    handlers.wakeups.pending.update({"team-a/bench": frozenset({"team-a"}), "team-c/bench": None})
     asyncio.run(handlers.wake_on_deployment(meta={"namespace": "team-a", "labels": {"app": "llm"}}))
     assert _woken(daemons) == {"team-a/bench", "team-c/bench"}  # team-c's searches by namespace labels
     asyncio.run(handlers.wake_on_deployment(meta={"namespace": "team-z", "labels": {"app": "llm"}}))
@@ -289,7 +291,7 @@ def test_a_new_deployment_wakes_only_pending_policies_searching_its_namespace(da
 
 
 def test_our_deployments_and_claimed_targets_wake_their_policy(daemons):
-    handlers._pending.update({"team-c/bench": None})
+    handlers.wakeups.pending.update({"team-c/bench": None})
     labels = {api.LABEL_POLICY: "bench", api.LABEL_POLICY_NAMESPACE: "team-b", api.LABEL_ROLE: "canary"}
     asyncio.run(handlers.wake_on_deployment(meta={"namespace": "team-b", "labels": labels}))
     assert _woken(daemons) == {"team-b/bench"}
@@ -305,11 +307,11 @@ def test_a_policy_wakes_on_spec_or_gates_and_on_a_newer_version_when_waiting_for
     assert _woken(daemons) == {"team-a/bench"}                  # first sight
     asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "6"}))
     assert _woken(daemons) == set()                             # a status write: nothing to do
-    handlers._stale[uid] = "6"                                  # the daemon waits for a version newer than 6
+    handlers.wakeups.stale[uid] = "6"                           # the daemon waits for a version newer than 6
     asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "6"}))
     assert _woken(daemons) == set()
     asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "7"}))
-    assert _woken(daemons) == {"team-a/bench"} and uid not in handlers._stale
+    assert _woken(daemons) == {"team-a/bench"} and uid not in handlers.wakeups.stale
     asyncio.run(handlers.wake(meta={**meta, "resourceVersion": "8", "annotations": {api.ANNOTATION_APPROVE: "d1"}}))
     assert _woken(daemons) == {"team-a/bench"}                  # a gate
 
@@ -430,8 +432,7 @@ def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
     """``observe.guard_fleet_pods``: in Promoting and Guarding one list call reads the pods of the
     target promoted last (not one left to its user); the guard's Jobs are built from that list and
     a guard Job whose pod is not in it drives nothing (``gone_load_targets``)."""
-    from lookahead_operator.controller import statemachine as sm
-    from lookahead_operator.api.models import Phase
+    from lookahead_operator.api.status import Phase
 
     class Reads:
         def __init__(self):
@@ -446,12 +447,12 @@ def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
             return [{"metadata": {"name": f"{selector['matchLabels']['fleet']}-new"}}]
 
     me = "inference/chat-fleet"
-    targets = [sm.Target("serving", "a", "reference", owner=me, promoted="d1"),
-               sm.Target("serving", "b", "reference", owner=me, promoted="d1", user_edited=True),
-               sm.Target("serving", "c", "reference", owner=me)]
-    w = sm.Observed(now=datetime(2026, 12, 1, tzinfo=timezone.utc), name="chat-fleet", namespace="inference",
-                    generation=1, fingerprint="f", spec=None, status=LookaheadPolicyStatus(phase=Phase.Guarding),
-                    targets=targets)
+    targets = [Target("serving", "a", "reference", owner=me, promoted="d1"),
+               Target("serving", "b", "reference", owner=me, promoted="d1", user_edited=True),
+               Target("serving", "c", "reference", owner=me)]
+    w = Observed(now=datetime(2026, 12, 1, tzinfo=timezone.utc), name="chat-fleet", namespace="inference",
+                 generation=1, fingerprint="f", spec=None, status=LookaheadPolicyStatus(phase=Phase.Guarding),
+                 targets=targets)
     k = Reads()
     pods = observe.guard_fleet_pods(k, w)
     assert k.calls == [("get", "serving", "a"), ("pods", "serving", "a")], "b is its user's: a was promoted last for us"
@@ -460,7 +461,7 @@ def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
     assert observe.gone_load_targets([cache.slim_job(guard_job)], 3, {"promoted": pods}) == {"promoted"}
     guard_job["metadata"]["labels"][api.LABEL_POD] = "a-new"
     assert observe.gone_load_targets([cache.slim_job(guard_job)], 3, {"promoted": pods}) == set()
-    assert observe.guard_fleet_pods(Reads(), sm.Observed(**{**w.__dict__, "targets": targets[2:]})) == []
+    assert observe.guard_fleet_pods(Reads(), Observed(**{**w.__dict__, "targets": targets[2:]})) == []
 
 
 def test_each_replica_gets_its_own_nonzero_peering_priority():

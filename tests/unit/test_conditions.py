@@ -1,8 +1,7 @@
 from datetime import datetime, timedelta, timezone
 
 from lookahead_operator.controller.conditions import Fact, derive, get
-from lookahead_operator.api.models import ConditionType as C
-from lookahead_operator.api.models import LookaheadPolicyStatus, Phase
+from lookahead_operator.api.status import ConditionType as C, LookaheadPolicyStatus, Phase
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

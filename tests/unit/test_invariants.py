@@ -14,17 +14,12 @@ import yaml
 
 from lookahead_dev import invariants as inv
 from lookahead_operator.controller import builders as b
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.measurement.measure import promotion_regime
-from lookahead_operator.api.models import (
-    TERMINAL_PHASES,
-    Decision,
-    LookaheadPolicy,
-    LookaheadPolicyStatus,
-    Phase,
-    Progress,
-)
+from lookahead_operator.controller.world import Observed, Target
+from lookahead_operator.api.policy import LookaheadPolicy
+from lookahead_operator.api.status import TERMINAL_PHASES, Decision, LookaheadPolicyStatus, Phase, Progress
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "serving"
@@ -382,9 +377,9 @@ SPEC = LookaheadPolicy.from_body(policy_body()).spec
 def world(status, **kw):
     base = dict(now=T0, load_running={"canary", "control", "promoted"},  # load pods run at once here
                 name="chat-fleet", namespace=NS, generation=1, fingerprint=SPEC.fingerprint(), spec=SPEC,
-                status=status, targets=[sm.Target(NS, "a", "reference", owner=f"{NS}/chat-fleet")])
+                status=status, targets=[Target(NS, "a", "reference", owner=f"{NS}/chat-fleet")])
     base.update(kw)
-    return sm.Observed(**base)
+    return Observed(**base)
 
 
 def status_in(phase):
@@ -410,9 +405,9 @@ def test_real_reconcile_transitions_are_allowed(phase):
 
 
 def test_happy_path_of_the_real_state_machine_is_allowed():
-    from lookahead_operator.api.models import BatchResult, PreflightStatus
+    from lookahead_operator.api.status import BatchResult, PreflightStatus
 
-    w = world(LookaheadPolicyStatus(), targets=[sm.Target(NS, "a", "reference")])
+    w = world(LookaheadPolicyStatus(), targets=[Target(NS, "a", "reference")])
     phases = [w.status.phase]
 
     def step(w, **kw):

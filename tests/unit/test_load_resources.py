@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller import loadjobs
-from lookahead_operator.api.models import LoadResources, LoadSpec, LookaheadPolicySpec
+from lookahead_operator.api.spec import LoadResources, LoadSpec, LookaheadPolicySpec
 
 T_JOBS = datetime(2026, 12, 1, tzinfo=timezone.utc)  # when a step's load Jobs are built (their duration is tested in test_statemachine)
 

@@ -9,17 +9,18 @@ import pytest
 import yaml
 
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.api.models import (
+from lookahead_operator.api.policy import LookaheadPolicy
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import (
     BatchResult,
     ConditionType,
     Decision,
-    LookaheadPolicy,
-    LookaheadPolicySpec,
     LookaheadPolicyStatus,
     Phase,
     PreflightStatus,
 )
-from lookahead_operator.controller.statemachine import ActionKind as K
+from lookahead_operator.controller.world import ActionKind as K
+from lookahead_operator.controller.world import Observed, ReadError, Target
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "chat-fleet.yaml"
@@ -49,10 +50,10 @@ def world(status=None, **kw):
     base = dict(now=T0, load_running={"canary", "control", "promoted"},  # load pods run at once unless a test says
                 name="chat-fleet", namespace="inference", generation=1, fingerprint=SPEC.fingerprint(),
                 spec=SPEC, status=status or LookaheadPolicyStatus(),
-                targets=[sm.Target("serving", "a", "reference", owner="inference/chat-fleet"),
-                         sm.Target("serving", "b", "reference", owner="inference/chat-fleet")])
+                targets=[Target("serving", "a", "reference", owner="inference/chat-fleet"),
+                         Target("serving", "b", "reference", owner="inference/chat-fleet")])
     base.update(kw)
-    return sm.Observed(**base)
+    return Observed(**base)
 
 
 def kinds(plan):
@@ -159,7 +160,7 @@ def test_no_targets_waits_with_condition():
 
 
 def test_second_policy_on_same_deployment_is_refused():
-    plan = sm.reconcile(world(targets=[sm.Target("serving", "a", owner="other/policy")]))
+    plan = sm.reconcile(world(targets=[Target("serving", "a", owner="other/policy")]))
     c = cond(plan.status, ConditionType.TargetsFound)
     assert c.reason == "Conflict" and "other/policy" in c.message and plan.actions == []
 
@@ -362,8 +363,8 @@ def test_promotion_in_waves_then_guard_then_success():
     plan, w = run(w)
     # waves 10%, 50%, 100% of two Deployments: a, then a (already), then b
     assert kinds(plan) == [K.PROMOTE] and plan.actions[0].targets == (("serving", "a"),)
-    a_done = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-              sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    a_done = [Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+              Target("serving", "b", "reference", owner="inference/chat-fleet")]
     plan, w = run(replace(w, targets=a_done, guard=sm.GuardCheck(False, "ok")))
     assert kinds(plan) == [K.ENSURE_GUARD_LOAD] and w.status.current_wave == 1
     assert cond(w.status, ConditionType.WaveReady).status == "True"
@@ -388,7 +389,7 @@ def test_a_deployment_that_starts_matching_mid_rollout_is_left_alone_and_named()
     """Issue 12: serving/c starts matching spec.targets while the rollout measures. It was not in
     the preflight nor in the plan: it is never claimed, promoted or restored, the waves are cut
     from the claimed targets only, and TargetsFound names it."""
-    newcomer = sm.Target("serving", "c", "reference")
+    newcomer = Target("serving", "c", "reference")
     w = to_measuring(world())
     claimed = [t.key for t in w.targets]
     plan, w = run(replace(w, targets=[*w.targets, newcomer]))
@@ -408,8 +409,8 @@ def test_promoted_template_that_never_becomes_available_is_restored_within_the_r
     w = promoting(world())
     did = w.status.decision.id
     _, w = run(w)
-    stuck = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did, rolled_out=False),
-             sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    stuck = [Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did, rolled_out=False),
+             Target("serving", "b", "reference", owner="inference/chat-fleet")]
     plan, w2 = run(replace(at(w, 60), targets=stuck))
     assert w2.status.phase == Phase.Promoting and cond(w2.status, ConditionType.WaveReady).reason == "RollingOut"
     plan = sm.reconcile(replace(at(w, ROLLOUT.total_seconds() + 1), targets=stuck, status=w2.status))
@@ -422,9 +423,9 @@ def test_progress_deadline_exceeded_rolls_back_at_once():
     w = promoting(world())
     did = w.status.decision.id
     _, w = run(w)
-    broken = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did, rolled_out=False,
-                        rollout_failed='ReplicaSet "a-1" has timed out progressing.'),
-              sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    broken = [Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did, rolled_out=False,
+                     rollout_failed='ReplicaSet "a-1" has timed out progressing.'),
+              Target("serving", "b", "reference", owner="inference/chat-fleet")]
     plan = sm.reconcile(replace(at(w, 5), targets=broken))
     assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "RolloutFailed"
     assert "timed out progressing" in plan.status.rollback.message and kinds(plan)[0] == K.RESTORE
@@ -435,8 +436,8 @@ def first_wave_promoted():
     w = promoting(world())
     did = w.status.decision.id
     _, w = run(w)
-    return w, [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-               sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    return w, [Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+               Target("serving", "b", "reference", owner="inference/chat-fleet")]
 
 
 def test_guard_regression_restores_promoted_targets():
@@ -520,8 +521,8 @@ def test_abort_rolls_back():
 def test_spec_change_restarts_measurement_and_restores():
     w = promoting(world())
     did = w.status.decision.id
-    promoted = [sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-                sm.Target("serving", "b", "reference", owner="inference/chat-fleet")]
+    promoted = [Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                Target("serving", "b", "reference", owner="inference/chat-fleet")]
     same = sm.reconcile(replace(w, generation=2, targets=promoted))
     assert same.status.phase == Phase.Promoting, "a new generation with the same fingerprint (pause) restarts nothing"
     plan = sm.reconcile(replace(w, generation=3, fingerprint="fp2", targets=promoted))
@@ -577,7 +578,7 @@ def test_live_mode_is_refused_with_a_condition_naming_the_field():
 # --- every wait bounded, every error a state -------------------------------------------------------
 
 def outage():
-    return [sm.ReadError("prometheus", "http://prometheus:9090: ObservationError: connection refused")]
+    return [ReadError("prometheus", "http://prometheus:9090: ObservationError: connection refused")]
 
 
 def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched():
@@ -645,13 +646,13 @@ def test_conditions_are_exactly_the_declared_types():
 
 def test_deletion_plan_restores_mid_rollout_and_keeps_lookahead_after_success():
     me = "inference/chat-fleet"
-    targets = [sm.Target("serving", "a", owner=me, promoted="d1"), sm.Target("serving", "b", owner=me)]
+    targets = [Target("serving", "a", owner=me, promoted="d1"), Target("serving", "b", owner=me)]
     mid = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding), targets, me)
     assert [a.kind for a in mid] == [K.DELETE_LOAD, K.DELETE_ROLES, K.RESTORE, K.RELEASE]
     done = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Succeeded), targets, me)
     assert [a.kind for a in done] == [K.DELETE_LOAD, K.DELETE_ROLES, K.DISOWN, K.RELEASE]
     other = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding),
-                             [sm.Target("serving", "a", owner="x/y", promoted="d1")], me)
+                             [Target("serving", "a", owner="x/y", promoted="d1")], me)
     assert [a.kind for a in other] == [K.DELETE_LOAD, K.DELETE_ROLES], "never touches another policy's targets"
 
 
@@ -676,8 +677,8 @@ def promoted_after(rows, action, **kw):
     plan, w = run(w)
     assert w.status.phase == Phase.Promoting and kinds(plan) == [K.PROMOTE]
     did = w.status.decision.id
-    return replace(w, targets=[sm.Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
-                               sm.Target("serving", "b", "reference", owner="inference/chat-fleet")])
+    return replace(w, targets=[Target("serving", "a", "reference", owner="inference/chat-fleet", promoted=did),
+                               Target("serving", "b", "reference", owner="inference/chat-fleet")])
 
 
 def guard_loads(plan):

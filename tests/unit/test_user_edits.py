@@ -26,8 +26,9 @@ from lookahead_operator.controller import actions
 from lookahead_operator.controller import observe
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.api.models import ConditionType, LookaheadPolicyStatus, Phase, TargetStatus
-from lookahead_operator.controller.statemachine import ActionKind as K
+from lookahead_operator.api.status import ConditionType, LookaheadPolicyStatus, Phase, TargetStatus
+from lookahead_operator.controller.world import ActionKind as K
+from lookahead_operator.controller.world import Action, Target
 
 from .test_statemachine import SPEC, at, cond, kinds, promoting, run, to_measuring, world
 
@@ -206,8 +207,8 @@ def test_observe_exposes_the_edit_on_the_target():
 # --- the decisions (pure) -----------------------------------------------------------------------------
 
 def tgt(name, promoted=None, edited=False, owner=ME, **kw):
-    return sm.Target("serving", name, "reference", owner=owner, saved=owner is not None, promoted=promoted,
-                     user_edited=edited, **kw)
+    return Target("serving", name, "reference", owner=owner, saved=owner is not None, promoted=promoted,
+                  user_edited=edited, **kw)
 
 
 def test_who_is_left_to_the_user_is_the_recorded_rows_and_our_targets_edited_now():
@@ -454,7 +455,7 @@ def ctx(api, phase=Phase.Promoting):
 
 
 def act(c, kind, *names, decision="d1"):
-    actions.ACTIONS[kind](c, sm.Action(kind, targets=tuple(("serving", n) for n in names), decision_id=decision))
+    actions.ACTIONS[kind](c, Action(kind, targets=tuple(("serving", n) for n in names), decision_id=decision))
 
 
 def test_promote_writes_the_whole_template_once_and_a_rerun_writes_nothing(events):

@@ -1,0 +1,94 @@
+"""One reconcile pass in the making (``PassContext``: the world it reads, the status it builds, the
+actions, events and condition facts it decides), and the phase-change Event messages."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+from lookahead_operator.controller import conditions
+from lookahead_operator.controller.conditions import Fact
+from lookahead_operator.controller.statemachine.user_edits import left_to_user
+from lookahead_operator.controller.world import Action, ActionKind, Observed, Plan
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import TERMINAL_PHASES, ConditionType, Phase, Progress
+
+C = ConditionType
+
+
+def transition_message(old: Phase, new: Phase, message: str) -> str:
+    """A phase change's Event message: ``Pending -> Preflight: <why>`` (``kubectl describe``
+    shows Events without the status they moved)."""
+    return f"{old} -> {new}: {message}"
+
+
+_TRANSITION = re.compile(rf"^(?:{'|'.join(Phase)}) -> (?:{'|'.join(Phase)}): ")
+
+def without_transition(message: str) -> str:
+    """An Event message without the phase change ``transition_message`` put before it (the
+    operator's log states that change on a line of its own)."""
+    return _TRANSITION.sub("", message, count=1)
+
+
+class PassContext:
+    """One reconcile pass in the making: the world it reads (``world``), the next status it builds
+    (``status``, a copy of the observed one; ``progress`` is its ``status.progress``), and what it
+    has decided so far: condition facts, actions (``act``), events, a phase change (``transition``)
+    and when to look again (``wait``). ``plan()`` turns it into the pass's ``Plan``."""
+
+    def __init__(self, world: Observed):
+        self.world = world
+        self.status = world.status.model_copy(deep=True)
+        self.facts: dict[ConditionType, Fact] = {}
+        self.actions: list[Action] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.requeue: float | None = 5.0
+        self.left_to_users = left_to_user(world)  # targets left to their users: never promoted or restored
+        self.user_edits_noted = False             # _note_user_edits ran in this pass
+        self.ignore_guard = False                 # the guard's load restarted in this pass: its check is stale
+
+    @property
+    def progress(self) -> Progress:
+        return self.status.progress
+
+    @property
+    def phase(self) -> Phase:
+        return self.status.phase
+
+    @property
+    def spec(self) -> LookaheadPolicySpec:
+        assert self.world.spec is not None
+        return self.world.spec
+
+    def fact(self, type_: ConditionType, ok: bool, reason: str, message: str) -> None:
+        self.facts[type_] = Fact(ok, reason, message)
+
+    def transition(self, phase: Phase, reason: str, message: str, warning: bool = False) -> None:
+        """Move to ``phase`` (no-op if already there), with an Event that names the change."""
+        if phase == self.phase:
+            return
+        self.events.append(("Warning" if warning else "Normal", reason, transition_message(self.phase, phase, message)))
+        self.status.phase = phase
+        self.status.message = message
+        self.progress.phase_since = self.world.now
+
+    def act(self, kind: ActionKind, **kw) -> None:
+        if "targets" in kw:
+            kw["targets"] = tuple(sorted(kw["targets"]))
+        self.actions.append(Action(kind, **kw))
+
+    def since(self, t: datetime | None) -> timedelta:
+        return self.world.now - t if t is not None else timedelta(0)
+
+    def wait(self, seconds: float | None) -> None:
+        self.requeue = seconds
+
+    def plan(self) -> Plan:
+        if self.phase in TERMINAL_PHASES:
+            self.requeue = None
+        if self.phase != Phase.Pending or self.status.observed_generation is None:
+            self.status.observed_generation = self.world.generation
+        status = self.status
+        status.conditions = conditions.derive(status.conditions, self.facts, self.phase, status.message or "",
+                                              self.world.generation, self.world.now)
+        return Plan(self.status, self.actions, self.events, self.requeue)

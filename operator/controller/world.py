@@ -1,0 +1,144 @@
+"""The world the state machine reads and the plan it returns: plain data, no logic.
+
+``observe`` fills an ``Observed`` (with ``Target``s and ``ReadError``s); ``statemachine.reconcile``
+returns a ``Plan`` of ``Action``s; ``actions`` carries them out. Importing these types brings in
+none of the controller's logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
+
+if TYPE_CHECKING:  # what the measurement of a phase returns
+    from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement
+
+#: The phases in which canary and control exist.
+WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})
+#: The phases in which targets may be promoted (waves, then the guard).
+MID_ROLLOUT = frozenset({Phase.Promoting, Phase.Guarding})
+
+
+class Need(StrEnum):
+    """What the handler must measure before the state machine runs."""
+
+    PREFLIGHT = "Preflight"   # the fleet's own metrics: is it a candidate, which batch sizes
+    STEP = "Step"             # canary vs control at the current batch size
+    DECISION = "Decision"     # the decision from status.batches (pure)
+    GUARD = "Guard"           # a promoted pod vs the control
+
+
+# --- what the handler observed ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """A target Deployment as the state machine sees it (``fleet.target_of`` reads it)."""
+
+    namespace: str
+    name: str
+    engine: str | None = None
+    owner: str | None = None          # the policy that claimed it (annotation), if any
+    saved: bool = False               # its original template is saved on it
+    promoted: str | None = None       # the decision id it was promoted with, if any
+    rolled_out: bool = True           # its latest template is fully rolled out and available
+    rollout_failed: str | None = None  # the Deployment's own ProgressDeadlineExceeded message, if any
+    user_edited: bool = False         # its pod template is not the one our last write left (builders.user_edited)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class ReadError:
+    """Something the observer could not read this pass (it is data: no verdict, deadlines still run)."""
+
+    source: str                       # "prometheus"
+    message: str
+
+
+@dataclass
+class Observed:
+    """One policy's world as one pass sees it: the spec and status, the fleet, canary and control,
+    the load Jobs, and what was measured for the current phase."""
+
+    now: datetime
+    name: str
+    namespace: str
+    generation: int
+    spec: LookaheadPolicySpec | None
+    status: LookaheadPolicyStatus
+    spec_error: str | None = None      # why the stored spec cannot be acted on, naming the field
+    targets: list[Target] = field(default_factory=list)
+    roles_ready: dict[str, bool] = field(default_factory=dict)
+    preflight: PreflightResult | None = None
+    step: StepMeasurement | None = None
+    decision: Decision | None = None   # computed from status.batches when Deciding
+    guard: GuardCheck | None = None
+    read_errors: list[ReadError] = field(default_factory=list)
+    fingerprint: str = ""              # LookaheadPolicySpec.fingerprint(): what is measured (not `paused`)
+    approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves
+    abort_requested: bool = False
+    support_problems: list[str] = field(default_factory=list)  # what the engine version cannot do
+    roles_present: dict[str, bool] = field(default_factory=dict)
+    roles_namespace: str | None = None  # where canary and control are (or are to be created)
+    # load Jobs of status.progress.loadRun that have a running (ready) pod, by the role each drives
+    load_running: set[str] = field(default_factory=set)
+    # roles whose current load Job drives a pod that is gone (its load reaches nothing)
+    load_pods_gone: set[str] = field(default_factory=set)
+    # roles whose current load Job has ended (its pod exited)
+    load_finished: set[str] = field(default_factory=set)
+    # in Promoting and Guarding: the pods of the target promoted last, which the guard drives
+    guard_pods: list[dict] = field(default_factory=list)
+    poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+# --- what to do ---------------------------------------------------------------------------------
+
+class ActionKind(StrEnum):
+    """What an action does (``actions.ACTIONS`` carries out each kind)."""
+
+    CLAIM = "ClaimTargets"             # save each target's template and mark it ours
+    RELEASE = "ReleaseTargets"         # drop our marks from never-promoted targets
+    DISOWN = "DisownTargets"           # drop ownership, keep the saved template (lookahead stays on)
+    ENSURE_ROLES = "EnsureRoles"       # canary and control exist
+    DELETE_ROLES = "DeleteRoles"
+    ENSURE_LOAD = "EnsureLoadJobs"     # the step's load Jobs exist (run-numbered names)
+    ENSURE_GUARD_LOAD = "EnsureGuardLoad"
+    DELETE_LOAD = "DeleteLoadJobs"     # every load Job of the policy
+    PROMOTE = "PromoteTargets"
+    RESTORE = "RestoreTargets"         # saved template back, exactly
+    LEAVE = "LeaveToUser"              # a target its user edited: drop all our marks, never touch its template
+
+
+@dataclass(frozen=True)
+class Action:
+    """One idempotent step of a plan, with the arguments its kind reads."""
+
+    kind: ActionKind
+    targets: tuple[tuple[str, str], ...] = ()
+    step: int | None = None
+    batch_size: int | None = None
+    run: int | None = None
+    wave: int | None = None
+    decision_id: str | None = None
+    until: datetime | None = None  # ENSURE_LOAD: how long the step may measure (step_deadline)
+
+
+@dataclass
+class Plan:
+    """What one pass returns: the whole next status, the actions, the events, and when to look again."""
+
+    status: LookaheadPolicyStatus
+    actions: list[Action] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)   # (type, reason, message)
+    requeue_after: float | None = 5.0  # seconds; None: only when the policy or its objects change
