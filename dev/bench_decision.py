@@ -6,7 +6,7 @@ Everything runs at the CRD's defaults: minLatencyImprovement 5%, maxThroughputRe
 confidence 0.99, minSamplesPerStep 10, sampleInterval 5s, stepDuration 2m with a 30s warm-up (so a
 step has at most 18 sample windows per arm), deadline 30m. The planned sweep is 6 batch sizes
 (1, 2, 4, 8, 16, 32), so our tests run at the family-wise split of 0.99 over 6 batch sizes x 3
-metrics (`Thresholds.for_family`, with the operator's `measure.METRICS_PER_BATCH`): every loss
+metrics (`Thresholds.for_family`, with the operator's `stats.DEFAULT_METRICS_PER_BATCH`): every loss
 bound (the canary-worse side of each interval) one-sided at 0.01 / 36, the win bounds (the
 canary-better side, read by `decide()` only along the run of wins from the smallest size) at
 0.01 / 3 (docs/statistics.md, section 4).
@@ -18,7 +18,7 @@ both arms: a per-token latency (NaN when the window finished no token) and a thr
 stall) per arm. Every method reads the same streams, from the start, as many windows as it wants:
 
 - ``ours``: `statistics.PairedComparison` (paired confidence sequences: mean log-ratio for latency,
-  ratio of sums for throughput) and the outcome rule of `decision.BatchVerdict` (Regresses / Wins /
+  ratio of sums for throughput) and the outcome rule of `decision.BatchComparison` (Regresses / Wins /
   NoGain), looked at after every window from 10 pairs on; a step still unsettled at its 18th window
   measures on, as the operator does, to the end of its equal share of the deadline counted from the
   start of measuring (`statemachine.step_deadline`), so it also gets the time the steps before it
@@ -91,11 +91,11 @@ from scipy import signal, special
 
 from lookahead_canary.simulator import RooflineSimulator, SimConfig
 
-from lookahead_operator.measurement.decision import BatchOutcome, BatchVerdict
-from lookahead_operator.measurement.measure import METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
-from lookahead_operator.api.models import LookaheadPolicySpec
+from lookahead_operator.measurement.verdict import BatchComparison, BatchOutcome
+from lookahead_operator.measurement.stats import DEFAULT_METRICS_PER_BATCH as OPERATOR_METRICS_PER_BATCH
+from lookahead_operator.api.spec import LookaheadPolicySpec
 from lookahead_operator.controller.statemachine import step_deadline
-from lookahead_operator.measurement.statistics import (PairedComparison, Thresholds, log_ratio_confidence_sequence,
+from lookahead_operator.measurement.stats import (PairedComparison, Thresholds, log_ratio_confidence_sequence,
                          paired_log_confidence_sequence, paired_ratio_confidence_sequence)
 
 # the CRD's defaults
@@ -394,7 +394,7 @@ def _unpaired_goodness(c: np.ndarray, k: np.ndarray, alpha: float, tau: float, l
 
 
 def run_ours(streams, th: Thresholds, horizon: int | np.ndarray = STEP_WINDOWS, paired: bool = True):
-    """Vectorised `PairedComparison` + `BatchVerdict.outcome`, looked at after every window
+    """Vectorised `PairedComparison` + `BatchComparison.outcome`, looked at after every window
     (``paired=False``: the independent-arms `SequentialComparison` on the same windows).
     ``horizon``: the windows the step may read, one number or one per seed."""
     h = np.broadcast_to(np.asarray(horizon, dtype=int), (streams[0].shape[0],))
@@ -599,7 +599,7 @@ def run_flagger_ratio(streams, th: Thresholds, threshold: int):
 # --- consistency with the operator's own code path -----------------------------------------
 
 def check_against_operator_code(th: Thresholds, rng: np.random.Generator, seeds: int = 6) -> None:
-    """The vectorised 'ours' must agree with PairedComparison + BatchVerdict.outcome, stalls and
+    """The vectorised 'ours' must agree with PairedComparison + BatchComparison.outcome, stalls and
     missing windows included."""
     for lat_ratio, tp_ratio, nz in ((0.9, 1.1, PROFILES[1]), (1.0, 1.0, PROFILES[2]), (0.7, 0.9, PROFILES[1])):
         sc = Scenario("grid", "check", "check", 1, lat_ratio, tp_ratio, replace(nz, stall_arm=0.05, stall_common=0.05))
@@ -610,7 +610,7 @@ def check_against_operator_code(th: Thresholds, rng: np.random.Generator, seeds:
             lat, tp = PairedComparison.for_latency(th), PairedComparison.for_throughput(th)
             lat.add_pairs(streams[0][s, :n], streams[1][s, :n])
             tp.add_pairs(streams[2][s, :n], streams[3][s, :n])
-            o = BatchVerdict(1, lat.result(), tp.result()).outcome(th)
+            o = BatchComparison(1, lat.result(), tp.result()).outcome(th)
             expect = {BatchOutcome.WINS: PROMOTE, BatchOutcome.REGRESSES: ROLLBACK, BatchOutcome.NO_GAIN: ROLLBACK,
                       BatchOutcome.PENDING: INCONCLUSIVE}[o]
             if expect != outcome[s]:

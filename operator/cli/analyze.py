@@ -8,11 +8,11 @@ round by round), C workers sending one request each, and at least ``MIN_ROUND_RE
 all, on the same prompts.
 
 It measures through the operator's own pipeline; only the source differs. Each engine's
-``/metrics`` is read just before and just after each of its rounds (``observations.scrape_engine``,
-``observations.increments_between``): what the engine counted in the round -- generated tokens,
+``/metrics`` is read just before and just after each of its rounds (``prometheus.scrape_engine``,
+``prometheus.increments_between``): what the engine counted in the round -- generated tokens,
 the per-token-latency histogram's sum, count and buckets, the spec-decode counters -- is the same
-``observations.Increments`` the operator reads from Prometheus for one sample window. Round i of
-both roles is one pair (``observations.paired_sample``): per-token latency (histogram sum / count)
+``prometheus.Increments`` the operator reads from Prometheus for one sample window. Round i of
+both roles is one pair (``prometheus.paired_sample``): per-token latency (histogram sum / count)
 and throughput (generated tokens / the time between the reads) for each role. The pairs go to the
 operator's ``measure.paired_verdict`` (the paired anytime-valid tests, ``statistics.PairedComparison``,
 and the tail veto from the summed buckets), so machine drift slower than a round (another
@@ -51,10 +51,11 @@ import httpx
 from lookahead_canary import loadgen, process, units
 from lookahead_canary.loadgen import Prompt, RequestResult, StepResult
 
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 from lookahead_operator.measurement import measure
-from lookahead_operator.measurement import prometheus as observations
-from lookahead_operator.engines.adapters import MetricNames
+from lookahead_operator.measurement import prometheus
+from lookahead_operator.measurement.stats import family_split, policy_thresholds
+from lookahead_operator.api.metric_names import MetricNames
 
 # both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and loses at 8
 # (docs/benchmarks/engine-cpu.md); every size in between takes its share of the 10 minutes, and
@@ -203,13 +204,13 @@ class EngineProcess:
 
 
 # ---------------------------------------------------------------------------------------------
-# engine /metrics snapshots (the direct source of the one pipeline, observations.Increments)
+# engine /metrics snapshots (the direct source of the one pipeline, prometheus.Increments)
 
 
 def scrape_metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
     """``/metrics`` of an engine: sample name -> value summed over label sets (``_bucket`` dropped;
-    the per-position acceptance counter also per position, ``report.position_key``)."""
-    return dict(observations.scrape_engine(url, None, timeout).values)
+    the per-position acceptance counter also per position, ``acceptance.position_key``)."""
+    return dict(prometheus.scrape_engine(url, None, timeout).values)
 
 
 def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
@@ -221,12 +222,12 @@ def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | Non
 SCRAPE_ATTEMPTS = 3
 
 
-def _snapshot(url: str, m: MetricNames) -> observations.Snapshot:
+def _snapshot(url: str, m: MetricNames) -> prometheus.EngineScrape:
     """One read of an engine's ``/metrics`` (per-token-latency buckets included), retried twice
     (an engine busy finishing a cancelled round can be slow to answer); raises ``OSError``."""
     for attempt in range(SCRAPE_ATTEMPTS):
         try:
-            return observations.scrape_engine(url, m)
+            return prometheus.scrape_engine(url, m)
         except (OSError, ValueError):
             if attempt == SCRAPE_ATTEMPTS - 1:
                 raise
@@ -270,20 +271,20 @@ class RoleMeasurement:
     """One role at one batch size, accumulated over rounds: the load generator's records (the
     client's view, kept as a cross-check) and, per round, what the engine counted between reads of
     its ``/metrics`` just before and just after the round (``increments``: what the statistics
-    read, through ``observations.paired_sample`` as the operator's Prometheus readings do)."""
+    read, through ``prometheus.paired_sample`` as the operator's Prometheus readings do)."""
 
     role: str
     batch_size: int
     requests: list[RequestResult] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
     windows: list[tuple[float, float]] = field(default_factory=list)
-    increments: list[observations.Increments | None] = field(default_factory=list)
+    increments: list[prometheus.Increments | None] = field(default_factory=list)
     output_tokens: int = 0
     seconds: float = 0.0
     server: dict[str, float] = field(default_factory=dict)
     client_warnings: list[str] = field(default_factory=list)
 
-    def add_round(self, step: StepResult, inc: observations.Increments | None) -> None:
+    def add_round(self, step: StepResult, inc: prometheus.Increments | None) -> None:
         """One round: the load generator's record and the engine's increments over it (None when
         its ``/metrics`` could not be read: the round's pair is then left out, never read as 0)."""
         self.requests += step.requests
@@ -297,9 +298,9 @@ class RoleMeasurement:
         if step.client.bottleneck:
             self.client_warnings.append(f"round {len(self.windows)}: " + "; ".join(step.client.reasons))
 
-    def samples(self, m: MetricNames) -> list[observations.RoleSample]:
-        """One sample per round (``observations.role_sample`` of its increments)."""
-        return [observations.role_sample(inc, m) for inc in self.increments]
+    def samples(self, m: MetricNames) -> list[prometheus.RoleSample]:
+        """One sample per round (``prometheus.role_sample`` of its increments)."""
+        return [prometheus.role_sample(inc, m) for inc in self.increments]
 
     def per_token_s(self, m: MetricNames) -> list[float]:
         return [s.per_token_latency_s for s in self.samples(m) if s.per_token_latency_s is not None]
@@ -367,25 +368,8 @@ class RoleMeasurement:
 
 
 # ---------------------------------------------------------------------------------------------
-# statistics wiring (one place, so the statistics module can evolve behind it)
-
-
-def make_thresholds(min_latency_improvement: float, max_throughput_regression: float, confidence: float,
-                    min_samples: int, max_tail_latency_regression: float | None = None):
-    from lookahead_operator.measurement.statistics import DEFAULT_MAX_TAIL_LATENCY_REGRESSION, Thresholds
-
-    return Thresholds(min_latency_improvement=min_latency_improvement,
-                      max_throughput_regression=max_throughput_regression,
-                      confidence=confidence, min_samples=min_samples,
-                      max_tail_latency_regression=(DEFAULT_MAX_TAIL_LATENCY_REGRESSION
-                                                   if max_tail_latency_regression is None
-                                                   else max_tail_latency_regression))
-
-
-def family_thresholds(thresholds, n_batch_sizes: int):
-    """Each test's level so that ``confidence`` holds for the whole decision (per-token latency,
-    throughput and tail latency at every batch size): the operator's split (`measure.family_split`)."""
-    return measure.family_split(thresholds, n_batch_sizes)
+# statistics wiring: the thresholds are the operator's (``measurement.stats.policy_thresholds`` and
+# ``family_split``, imported above)
 
 
 def pooled_per_token_s(requests: Sequence[RequestResult]) -> float | None:
@@ -422,18 +406,18 @@ class BatchResult:
     canary: RoleMeasurement
     latency: Any = None       # statistics.ComparisonResult
     throughput: Any = None
-    verdict: Any = None       # decision.BatchVerdict
+    verdict: Any = None       # verdict.BatchComparison
     outcome: str = "Pending"
     rounds: int = 0
     stopped: str = ""
     seconds: float = 0.0
 
-    def pairs(self, m: MetricNames) -> list[observations.PairedSample]:
+    def pairs(self, m: MetricNames) -> list[prometheus.PairedSample]:
         """Round i of the control and round i of the canary as one paired sample
-        (``observations.paired_sample``, the operator's function): they ran back to back on the same
+        (``prometheus.paired_sample``, the operator's function): they ran back to back on the same
         prompts (in alternating order), so machine drift slower than a round lands on both and
         cancels in their ratio."""
-        return [observations.paired_sample(c, k, m) for c, k in zip(self.control.increments, self.canary.increments)]
+        return [prometheus.paired_sample(c, k, m) for c, k in zip(self.control.increments, self.canary.increments)]
 
     def judge(self, m: MetricNames, thresholds, engine: str) -> None:
         """The verdict from the pairs so far, by the operator's function (``measure.paired_verdict``:
@@ -557,7 +541,7 @@ class AnalyzeResult:
                 "tailLatency": ("p95/p99 per-token latency from the same histogram's buckets summed over the "
                                 "rounds (statistics.compare_tail_latency): a veto"),
                 "statistics": ("paired: round i of the control and of the canary form one pair "
-                               "(observations.paired_sample); anytime-valid confidence sequences on the pairs "
+                               "(prometheus.paired_sample); anytime-valid confidence sequences on the pairs "
                                "(statistics.PairedComparison) and the tail veto, by the operator's own "
                                "measure.paired_verdict, each test at its share of the decision's confidence"),
                 "clientCheck": ("the load generator's own per-token latency (usage-counted) and tokens/s are "
@@ -598,13 +582,13 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
             remaining = t0 + budget_s - time.monotonic()
             hard = max(1.0, remaining / (len(order) - i))
             # the engine's own counters just before and just after the round: the direct source of
-            # the operator's pipeline (observations.Increments -> paired_sample -> paired_verdict)
+            # the operator's pipeline (prometheus.Increments -> paired_sample -> paired_verdict)
             before = await _read(role, urls[role], m, log)
             step = await loadgen.run_step(client, urls[role], models[role], prompts, c, requests_per_step=per_round,
                                           step_duration=min(cfg.round_s, hard), prompt_offset=offset,
                                           interval_s=cfg.interval_s, max_duration=hard)
             after = await _read(role, urls[role], m, log)
-            meas.add_round(step, observations.increments_between(before, after)
+            meas.add_round(step, prometheus.increments_between(before, after)
                            if before is not None and after is not None else None)
             if step.errors and not step.completed and not step.cancelled:
                 raise AnalyzeError(f"every request to the {role} engine failed at batch {c}: "
@@ -634,7 +618,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
     return res
 
 
-async def _read(role: str, url: str, m: MetricNames, log: ProgressFn) -> observations.Snapshot | None:
+async def _read(role: str, url: str, m: MetricNames, log: ProgressFn) -> prometheus.EngineScrape | None:
     """One read of an engine's ``/metrics``; None (said in the log) when it fails after retries:
     that round then has no sample for this role and its pair is left out."""
     try:
@@ -684,7 +668,7 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
         await _warmup(client, urls, models, prompts, cfg.warmup_requests, log)
         for role, url in urls.items():
             await asyncio.to_thread(check_metrics, role, url, m)
-        from lookahead_operator.measurement.decision import Action, decide
+        from lookahead_operator.measurement.decision import Move, decide
 
         t0 = time.monotonic()
         total = run_deadline - t0 - RESERVE_S
@@ -699,8 +683,8 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
             # stop early when the larger batch sizes cannot change the decision: the smallest batch
             # size already loses (Rollback), or a loss after a run of wins fixed the crossover
             d = decide([b.verdict for b in results], thresholds, deadline_passed=False, planned=batch_sizes)
-            settled = d.action is Action.ROLLBACK or (d.action is Action.PROMOTE_REGIME_AWARE
-                                                      and d.crossover_batch_size is not None)
+            settled = d.action is Move.ROLLBACK or (d.action is Move.PROMOTE_REGIME_AWARE
+                                                    and d.crossover_batch_size is not None)
             if settled and i + 1 < len(batch_sizes):
                 log(f"{d.action.value} is settled at batch {c}: batch sizes {batch_sizes[i + 1:]} cannot change it, "
                     "not measured")
@@ -743,9 +727,9 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
     started_at = time.time()
     t0 = time.monotonic()
     m = engines.metric_names(cfg.engine)
-    thresholds = family_thresholds(make_thresholds(cfg.min_latency_improvement, cfg.max_throughput_regression,
-                                                   cfg.confidence, cfg.min_samples,
-                                                   cfg.max_tail_latency_regression), len(cfg.batch_sizes))
+    thresholds = family_split(policy_thresholds(cfg.min_latency_improvement, cfg.max_throughput_regression,
+                                                cfg.confidence, cfg.min_samples,
+                                                cfg.max_tail_latency_regression), len(cfg.batch_sizes))
     prompts = loadgen.load_prompts(cfg.prompts, max_tokens=cfg.max_tokens)
     procs: dict[str, EngineProcess] = {}
     engines_info: dict[str, dict] = {}

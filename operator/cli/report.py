@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from lookahead_operator.measurement.acceptance import acceptance_length, position_key
+
 COLORS = {"control": "#1f77b4", "canary": "#d62728"}
 
 
@@ -59,11 +61,6 @@ def _interval_words(iv: list[float] | None, unit: str = "%") -> str:
     return f"[{_bound_words(iv[0])}{sep}{_bound_words(iv[1])}]{unit}"
 
 
-def position_key(metric: str, position: int) -> str:
-    """The key of one position of the per-position counter in a ``/metrics`` delta dict."""
-    return f'{metric}{{position="{position}"}}'
-
-
 def acceptance_detail(server: Mapping[str, float], m: Any) -> dict[str, Any]:
     """Mean acceptance length and per-position acceptance from an engine's ``/metrics`` deltas
     (``m``: the engine's ``MetricNames``); ``None`` where not measured (no drafts: never 0)."""
@@ -71,11 +68,9 @@ def acceptance_detail(server: Mapping[str, float], m: Any) -> dict[str, Any]:
     drafts = server.get(m.drafts) if getattr(m, "drafts", None) else None
     if not drafts or drafts <= 0:
         return out
-    if m.accepted_tokens and m.accepted_tokens in server:
-        out["meanAcceptanceLength"] = 1.0 + server[m.accepted_tokens] / drafts
-    elif not m.accepted_tokens and server.get(m.generation_tokens):
-        # SGLang: verify calls and generated tokens, both counted when a request finishes
-        out["meanAcceptanceLength"] = server[m.generation_tokens] / drafts
+    accepted = server.get(m.accepted_tokens) if m.accepted_tokens else None
+    generated = None if m.accepted_tokens else server.get(m.generation_tokens)
+    out["meanAcceptanceLength"] = acceptance_length(drafts, accepted, generated)
     name = getattr(m, "accepted_per_position", None)
     if name:
         by_pos = []

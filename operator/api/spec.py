@@ -1,32 +1,10 @@
-"""The LookaheadPolicy API (``lookahead.dev/v1alpha1``) as pydantic v2 models.
+"""The spec of a LookaheadPolicy: what its user asks for.
 
-These models are the single source of truth of the CRD: ``python3 -m lookahead_dev.crdgen``
-turns their JSON schema into the OpenAPI v3 structural schema in ``crds/lookaheadpolicies.yaml``
-(and the chart's copy). Every cross-field rule exists twice, on purpose: as a pydantic validator
-here (what the operator and the unit tests use) and as a CEL ``x-kubernetes-validations`` rule in
-the CRD (what the apiserver enforces on ``kubectl apply``). Both carry the same message.
-
-Python attribute names are snake_case; the wire (JSON/YAML) names are camelCase aliases. Both are
-accepted on input (``populate_by_name``); use :meth:`ApiModel.to_dict` to get the wire form.
-
-    spec = LookaheadPolicySpec.model_validate(body["spec"])      # what the apiserver stores
-    spec.analysis.max_throughput_regression                        # 0.02 (written "2%")
-    spec.load.step_duration                                        # timedelta(seconds=120)
-
-Gates (what ``kubectl lookahead pause|resume|approve|abort`` does):
-
-* pause / resume: ``spec.paused`` (a spec field: it is desired state, and GitOps tools can own it).
-  It bumps ``metadata.generation``, so the operator must not treat a change of ``paused`` alone as
-  a spec edit: compare :meth:`LookaheadPolicySpec.fingerprint`, which leaves ``paused`` out.
-* approve: annotation ``lookahead.dev/approve`` whose value is the ``metadata.generation`` being
-  approved (what ``lookahead_operator.runtime.handlers`` reads). An approval of an earlier generation
-  does not match after a spec edit and is ignored. Needed only when
-  ``spec.promotion.requireApproval``.
-* abort: annotation ``lookahead.dev/abort: "true"``. The operator rolls back what it promoted
-  and ends in ``RolledBack``.
-
-Annotations do not bump ``metadata.generation``, so approving or aborting never restarts a
-measurement. What the operator saw of the gates is mirrored in ``status.gates``.
+The fleet (``Targets`` and label selectors), the engine and the lookahead to turn on
+(``LookaheadConfig``; ``reference_engine_config`` is the reference engine's form of it), the canary,
+the load (``LoadSpec``), the decision rule (``AnalysisSpec``) and the rollout (``PromotionSpec``),
+gathered in ``LookaheadPolicySpec`` with its cross-field rules (pydantic and CEL alike).
+``spec_error`` says why a spec cannot be acted on, naming its first invalid field.
 """
 
 from __future__ import annotations
@@ -35,230 +13,41 @@ import copy
 import hashlib
 import json
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Optional
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    PlainSerializer,
-    Field,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
 from kubernetes.utils import parse_quantity  # the client's own quantity parser
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lookahead_canary import units
-
-# --------------------------------------------------------------------------------------------
-# identity of the API
-
-from lookahead_operator.api.names import (  # noqa: F401 - re-exported: the API's names belong with its models
-    DEFAULT_LOAD_LIMITS,
-    DEFAULT_LOAD_REQUESTS,
-    ANNOTATION_ABORT,
-    ANNOTATION_APPROVE,
-    API_VERSION,
-    CATEGORIES,
-    CRD_NAME,
-    GROUP,
-    KIND,
-    LIST_KIND,
-    PLURAL,
-    SHORT_NAMES,
-    SINGULAR,
-    VERSION,
+from lookahead_canary import specconfig
+from lookahead_operator.api.names import DEFAULT_LOAD_LIMITS, DEFAULT_LOAD_REQUESTS
+from lookahead_operator.api.schema import (
+    DNS_LABEL_PATTERN,
+    LABEL_KEY_PATTERN,
+    MAX_BATCH_SIZE,
+    MAX_BATCH_SIZES,
+    MAX_EXPRESSION_VALUES,
+    MAX_EXPRESSIONS,
+    MAX_IMAGE,
+    MAX_LABELS,
+    MAX_NAMESPACES,
+    MAX_URL,
+    MAX_WAVES,
+    RESOURCE_NAME_PATTERN,
+    ApiModel,
+    Duration,
+    LabelValue,
+    Percent,
+    Quantity,
+    RisePercent,
+    WavePercent,
+    _cel,
+    _dur_ok,
+    _duration_out,
+    _obj_default,
+    _strictly_increasing_cel,
 )
-
-# Limits that bound the CEL cost of the validation rules (the apiserver refuses a CRD whose
-# estimated rule cost is unbounded) and keep a policy a reasonable size.
-MAX_BATCH_SIZES = 32
-MAX_BATCH_SIZE = 4096
-MAX_WAVES = 10
-MAX_LABELS = 64
-MAX_EXPRESSIONS = 32
-MAX_EXPRESSION_VALUES = 64
-MAX_NAMESPACES = 256
-MAX_STATUS_ROWS = 64
-MAX_TARGETS = 1024
-MAX_MESSAGE = 32768
-MAX_SHORT = 1024
-MAX_URL = 2048
-MAX_IMAGE = 1024
-
-# --------------------------------------------------------------------------------------------
-# parsing helpers
-
-DURATION_PATTERN = units.DURATION_PATTERN
-# The CRD pattern for a percent given as a string: 0-100, up to any decimals, optional '%'.
-PERCENT_PATTERN = r"^(100(\.0+)?|[0-9]{1,2}(\.[0-9]+)?)%?$"
-# A wave: a whole percent 1-100, as '10%' (or the integer 10).
-WAVE_PATTERN = r"^(100|[1-9][0-9]?)%$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-CONDITION_TYPE_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
-CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
-# Label values are at most 63 characters; the policy's name is one (lookahead.dev/policy).
-MAX_POLICY_NAME = 63
-
-
-def _percent_in(lo: float, hi: float):
-    """Validator: a wire percentage ('2%', '2.5%', 2) -> a fraction (0.02)."""
-    def check(v: Any) -> Any:
-        if isinstance(v, float) and not v.is_integer():
-            # The CRD field is int-or-string (a structural schema has no int-or-float-or-string),
-            # so a fraction has to be written as a string.
-            raise ValueError(f"a fractional percentage must be a string like '{v:g}%', got the number {v!r}")
-        return units.parse_percent(v, lo=lo, hi=hi) / 100.0
-    return check
-
-
-def _duration_in(v: Any) -> Any:
-    """Validator: a Go duration string ('2m') -> timedelta."""
-    if isinstance(v, timedelta):
-        return v
-    if not isinstance(v, str) or not re.fullmatch(DURATION_PATTERN, v.strip()):
-        raise ValueError(f"expected a duration like '90s', '2m' or '1h30m' (units ms, s, m, h), got {v!r}")
-    return timedelta(seconds=units.parse_duration(v))
-
-
-def _duration_out(v: timedelta) -> str:
-    return units.format_duration(v.total_seconds())
-
-
-def _percent_schema(description: str, lo: int = 0, hi: int = 100) -> dict:
-    return {
-        "x-kubernetes-int-or-string": True,
-        "pattern": PERCENT_PATTERN,
-        "minimum": lo,
-        "maximum": hi,
-        "maxLength": 16,
-        "description": description,
-    }
-
-
-# A share: written "2%", "2.5%", "2" or the integer 2 (all mean 2 %), 0-100; held as the
-# fraction 0.02; written back as "2%". Fractions only as strings on the wire.
-Percent = Annotated[
-    float,
-    BeforeValidator(_percent_in(0, 100)),
-    PlainSerializer(units.format_percent, return_type=str),
-    WithJsonSchema(_percent_schema("A percentage, 0-100: '2%', '2.5%' or the integer 2 (all mean 2 %); fractions only as strings.")),
-]
-# A rise in percent of the control's value, 0-1000 ("100%" = at most twice the control's); held as
-# the fraction 1.0. Unlike a share it may exceed 100%.
-TAIL_PERCENT_PATTERN = r"^(1000(\.0+)?|[0-9]{1,3}(\.[0-9]+)?)%?$"
-MAX_TAIL_PERCENT = 1000
-
-
-def _rise_schema(description: str) -> dict:
-    return {**_percent_schema(description, 0, MAX_TAIL_PERCENT), "pattern": TAIL_PERCENT_PATTERN}
-
-
-RisePercent = Annotated[
-    float,
-    BeforeValidator(_percent_in(0, MAX_TAIL_PERCENT)),
-    PlainSerializer(units.format_percent, return_type=str),
-    WithJsonSchema(_rise_schema(f"A rise relative to the control, 0-{MAX_TAIL_PERCENT}%: '100%' (at most twice the "
-                                "control's), '50%' or the integer 100; fractions only as strings.")),
-]
-# A wave size: a whole percent of the fleet, "10%" or 10, 1-100; held as the int 10.
-WavePercent = Annotated[
-    int,
-    BeforeValidator(lambda v: v if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 100
-                    else _wave_value(v)),
-    PlainSerializer(lambda v: f"{v}%", return_type=str),
-    WithJsonSchema({
-        "x-kubernetes-int-or-string": True,
-        "pattern": WAVE_PATTERN,
-        "minimum": 1,
-        "maximum": 100,
-        "maxLength": 4,
-        "description": "Cumulative share of the fleet promoted by the end of this wave: '10%' or 10.",
-    }),
-]
-# A Go duration on the wire ("2m"), a timedelta in Python.
-Duration = Annotated[
-    timedelta,
-    BeforeValidator(_duration_in),
-    PlainSerializer(_duration_out, return_type=str),
-    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": 32,
-                    "description": "A Go duration: '90s', '2m', '1h30m'."}),
-]
-LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
-FreeForm = Annotated[
-    dict[str, Any],
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
-]
-
-
-def _wave_value(w: Union[int, str]) -> int:
-    pct = units.parse_percent(w, lo=1, hi=100)
-    if not float(pct).is_integer():
-        raise ValueError(f"a wave is a whole percent of the fleet, got {w!r}")
-    return int(pct)
-
-
-def _cel(rule: str, message: str, field_path: Optional[str] = None, reason: Optional[str] = None) -> dict:
-    out: dict[str, Any] = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    if reason:
-        out["reason"] = reason
-    return out
-
-
-def _dur_ok(field: str) -> str:
-    """CEL: ``field`` is present and a well-formed duration (so ``duration()`` cannot fail on it;
-    a malformed one is reported once, by the pattern)."""
-    obj, _, name = field.rpartition(".")
-    return f"(has({obj}.{name}) && {field}.matches(r'{DURATION_PATTERN}'))"
-
-
-def _obj_default(model: type) -> dict:
-    """``json_schema_extra`` putting the model's defaults, in full, as the CRD default of an object field.
-
-    (A bare ``default: {}`` is not enough: the apiserver checks a default against the CEL rules
-    before the nested defaults fill it in.)
-    """
-    return {"default": model().to_dict()}
-
-
-def _strictly_increasing_cel(items: str) -> str:
-    """CEL: the int list expression ``items`` is strictly increasing (sorted and no repeats)."""
-    return f"{items}.isSorted() && {items}.all(x, {items}.indexOf(x) == {items}.lastIndexOf(x))"
-
-
-# --------------------------------------------------------------------------------------------
-# base
-
-
-class ApiModel(BaseModel):
-    """Base of every API model: camelCase wire names, snake_case attributes.
-
-    Enum fields always hold the ``StrEnum`` member (so ``spec.engine == "vllm"``,
-    ``f"{spec.engine}"`` and ``spec.engine.value`` all work, whether the value came from YAML or
-    from a default).
-    """
-
-    # validate_default: defaults are written as on the wire ("2m", "5%") and parsed like user input.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
-
-    def to_dict(self, *, exclude_none: bool = True) -> dict[str, Any]:
-        """The wire (camelCase JSON) form, ready for a patch body."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=exclude_none)
-
-
-class StatusModel(ApiModel):
-    """Status models ignore unknown keys (a newer operator may have written more)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", validate_default=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,9 +257,29 @@ class LookaheadConfig(ApiModel):
 
     def speculative_config(self) -> dict[str, Any]:
         """The ``--speculative-config`` JSON of the reference engine (vLLM's shape for ngram)."""
-        from lookahead_operator.engines.adapters import reference_speculative_config
+        config = reference_engine_config(self)
+        if config is None:
+            raise ValueError(f"the reference engine has no {str(self.method)!r} method (it runs jacobi and ngram)")
+        return json.loads(specconfig.render(config))
 
-        return json.loads(reference_speculative_config(self))
+
+def reference_engine_config(lookahead: Any) -> specconfig.JacobiConfig | specconfig.NgramConfig | None:
+    """The reference engine's speculative config for a lookahead (anything with
+    :class:`LookaheadConfig`'s snake_case fields); ``None`` for a method it does not run."""
+    if lookahead.method == "jacobi":
+        if lookahead.prompt_lookup_tokens:
+            # The original implementation seeds candidates from the prompt too; on steps with such a
+            # draft the Jacobi window is skipped (fewer query tokens: see docs/benchmarks/engine-cpu.md).
+            return specconfig.JacobiConfig(window=lookahead.window, ngram=lookahead.ngram,
+                                           guess_set=lookahead.guess_set,
+                                           prompt_lookup_tokens=lookahead.prompt_lookup_tokens,
+                                           window_with_draft=False)
+        return specconfig.JacobiConfig(window=lookahead.window, ngram=lookahead.ngram, guess_set=lookahead.guess_set)
+    if lookahead.method == "ngram":
+        return specconfig.NgramConfig(num_speculative_tokens=lookahead.num_speculative_tokens,
+                                      prompt_lookup_min=lookahead.prompt_lookup_min,
+                                      prompt_lookup_max=lookahead.prompt_lookup_max)
+    return None
 
 
 class CanarySpec(ApiModel):
@@ -521,29 +330,6 @@ class PromptSource(ApiModel):
         return self
 
 
-# A Kubernetes resource quantity ("250m", "256Mi", 1): kept as the string the API server accepts.
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-
-
-def _quantity_in(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise ValueError(f"expected a quantity like '250m' or '256Mi', got {v!r}")
-    try:
-        negative = parse_quantity(v) < 0
-    except ValueError:
-        raise ValueError(f"expected a quantity like '250m' or '256Mi', got {v!r}") from None
-    if negative:
-        raise ValueError(f"a resource quantity cannot be negative, got {v!r}")
-    return str(v)
-
-
-Quantity = Annotated[
-    str,
-    BeforeValidator(_quantity_in),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64,
-                    "description": "A Kubernetes quantity: '250m', '256Mi', 1."}),
-]
-RESOURCE_NAME_PATTERN = r"^[a-zA-Z0-9]([-a-zA-Z0-9./_]{0,251}[a-zA-Z0-9])?$"
 _RESOURCE_MAP_CEL = {"x-kubernetes-validations": [
     _cel(f"self.all(k, k.matches('{RESOURCE_NAME_PATTERN}'))", "resource names are like cpu, memory or nvidia.com/gpu"),
     _cel("self.all(k, isQuantity(string(self[k])) && !quantity(string(self[k])).isLessThan(quantity('0')))",
@@ -904,378 +690,3 @@ def spec_error(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in first["loc"])
     return f"spec{'.' + where if where else ''}: {first['msg']}"
 
-
-# --------------------------------------------------------------------------------------------
-# status
-
-
-class Phase(StrEnum):
-    Pending = "Pending"
-    Preflight = "Preflight"
-    Launching = "Launching"
-    Measuring = "Measuring"
-    Deciding = "Deciding"
-    Promoting = "Promoting"
-    Guarding = "Guarding"
-    Succeeded = "Succeeded"
-    RolledBack = "RolledBack"
-    NotACandidate = "NotACandidate"
-    Failed = "Failed"
-
-
-TERMINAL_PHASES = frozenset({Phase.Succeeded, Phase.RolledBack, Phase.NotACandidate, Phase.Failed})
-
-
-class ConditionStatus(StrEnum):
-    true = "True"
-    false = "False"
-    unknown = "Unknown"
-
-
-class ConditionType(StrEnum):
-    """Every condition type the operator sets, and no other (``lookahead_operator.controller.conditions``
-    derives them from the phase and what one reconcile pass found)."""
-
-    Accepted = "Accepted"            # the spec is valid and can be acted on
-    TargetsFound = "TargetsFound"    # Deployments match spec.targets and no other policy owns them
-    TargetsEdited = "TargetsEdited"  # targets whose pod template their user changed mid-rollout: left to them
-    RolesReady = "RolesReady"        # canary and control are up
-    MetricsAvailable = "MetricsAvailable"  # Prometheus answered the last read
-    Approved = "Approved"            # promotion may go on (or no approval is required)
-    WaveReady = "WaveReady"          # the current wave rolled out and is being guarded
-    GuardData = "GuardData"          # the guard has enough data to judge
-    Paused = "Paused"                # spec.paused
-    Reconciled = "Reconciled"        # the last pass's actions were carried out
-    Ready = "Ready"                  # Succeeded: lookahead is on where it pays
-
-
-def _rfc3339(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# A point in time, written as RFC 3339 to the second (as Kubernetes writes metav1.Time).
-Timestamp = Annotated[datetime, PlainSerializer(_rfc3339, return_type=str), Field(json_schema_extra={"format": "date-time"})]
-
-
-class Condition(StatusModel):
-    """A condition in the Kubernetes API convention (metav1.Condition)."""
-
-    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN, description="CamelCase type, e.g. Accepted.")
-    status: ConditionStatus = Field(description="True, False or Unknown.")
-    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN,
-                        description="CamelCase machine-readable reason.")
-    message: str = Field(default="", max_length=MAX_MESSAGE, description="Human-readable details.")
-    last_transition_time: Timestamp = Field(description="When status last changed.")
-    observed_generation: Optional[int] = Field(default=None, ge=0,
-                                               description="metadata.generation the condition was set for.")
-
-
-class BatchVerdict(StrEnum):
-    """Per batch size (the values of ``lookahead_operator.measurement.decision.BatchOutcome``, plus Inconclusive)."""
-
-    Pending = "Pending"            # still measuring
-    Wins = "Wins"                  # per-token latency better by >= minLatencyImprovement, throughput within bound
-    NoGain = "NoGain"              # latency did not improve by minLatencyImprovement
-    Regresses = "Regresses"        # batched throughput fell by more than maxThroughputRegression
-    Inconclusive = "Inconclusive"  # not enough evidence by the deadline
-
-
-class RoleSamples(StatusModel):
-    control: Optional[int] = Field(default=None, ge=0)
-    canary: Optional[int] = Field(default=None, ge=0)
-
-
-class StallIntervals(StatusModel):
-    control: int = Field(default=0, ge=0)
-    canary: int = Field(default=0, ge=0)
-
-
-class DroppedIntervals(StatusModel):
-    latency: int = Field(default=0, ge=0)
-    throughput: int = Field(default=0, ge=0)
-
-
-class BatchResult(StatusModel):
-    """One row of the per-batch-size table: control vs canary at one concurrency
-    (what ``lookahead_operator.measurement.decision.BatchVerdict.to_status`` writes).
-
-    Changes are relative, canary vs control, as fractions (``tpotChange: -0.37`` = per-token
-    latency 37 % lower); intervals are ``[low, high]`` of that change at ``confidence``.
-    """
-
-    batch_size: int = Field(ge=1, description="Concurrent requests.")
-    control_tpot_ms: Optional[float] = Field(default=None, description="Control per-token latency, ms.")
-    canary_tpot_ms: Optional[float] = Field(default=None, description="Canary per-token latency, ms.")
-    tpot_change: Optional[float] = Field(default=None, description="Canary vs control TPOT change, fraction (-0.37 = 37% lower).")
-    tpot_interval: Optional[list[float]] = Field(default=None, min_length=2, max_length=2,
-                                                 description="Confidence interval [low, high] of tpotChange.")
-    control_tokens_per_second: Optional[float] = Field(default=None, description="Control generated tokens per second.")
-    canary_tokens_per_second: Optional[float] = Field(default=None, description="Canary generated tokens per second.")
-    throughput_change: Optional[float] = Field(default=None, description="Canary vs control throughput change, fraction.")
-    throughput_interval: Optional[list[float]] = Field(default=None, min_length=2, max_length=2,
-                                                       description="Confidence interval [low, high] of throughputChange.")
-    acceptance_rate: Optional[float] = Field(default=None, ge=0, le=1,
-                                             description="Accepted / proposed draft tokens on the canary.")
-    mean_acceptance_length: Optional[float] = Field(
-        default=None, ge=0,
-        description="Canary tokens per verification step, bonus token included: 1 + accepted / drafts.")
-    acceptance_by_position: Optional[list[float]] = Field(
-        default=None, max_length=64,
-        description="Canary per-position acceptance: index k is the share of drafts whose k-th token was accepted "
-                    "(vllm:spec_decode_num_accepted_tokens_per_pos_total / drafts).")
-    samples: Optional[RoleSamples] = Field(default=None, description="Samples per role behind this row.")
-    confidence: Optional[float] = Field(default=None, ge=0, le=1, description="Confidence of the intervals.")
-    latency_verdict: Optional[str] = Field(default=None, max_length=64,
-                                           description="Better, Worse, Equivalent or NotEnoughData (statistics.Verdict).")
-    throughput_verdict: Optional[str] = Field(default=None, max_length=64,
-                                              description="Better, Worse, Equivalent or NotEnoughData (statistics.Verdict).")
-    verdict: BatchVerdict = Field(default=BatchVerdict.Pending)
-    paired: Optional[bool] = Field(default=None, description="Canary and control compared window by window.")
-    stall_intervals: Optional[StallIntervals] = Field(
-        default=None, description="Sample windows in which only one arm produced no tokens (counted against it).")
-    dropped_intervals: Optional[DroppedIntervals] = Field(
-        default=None, description="Sample windows without a value in either arm, per metric.")
-    latency_samples: Optional[int] = Field(default=None, ge=0, description="Paired per-token latency windows.")
-    throughput_samples: Optional[int] = Field(default=None, ge=0, description="Paired throughput windows.")
-    tail_verdict: Optional[str] = Field(
-        default=None, max_length=64,
-        description="Tail per-token latency (p95/p99 from the histogram buckets), canary vs control: Worse (a veto: "
-                    "the row Regresses), Equivalent, Better or NotEnoughData (statistics.TailComparison).")
-    tail_threshold: Optional[float] = Field(default=None, ge=0,
-                                            description="analysis.maxTailLatencyRegression, fraction (1.0 = 100%).")
-    control_p95_ms: Optional[float] = Field(default=None, description="Control p95 per-token latency, ms (histogram_quantile).")
-    canary_p95_ms: Optional[float] = Field(default=None, description="Canary p95 per-token latency, ms (histogram_quantile).")
-    control_p99_ms: Optional[float] = Field(default=None, description="Control p99 per-token latency, ms (histogram_quantile).")
-    canary_p99_ms: Optional[float] = Field(default=None, description="Canary p99 per-token latency, ms (histogram_quantile).")
-    tail: Optional[FreeForm] = Field(
-        default=None, description="The whole tail comparison at full precision (statistics.TailComparison.to_dict: "
-                                  "per quantile the point estimates, the certified bucket bounds, the verdict), "
-                                  "so a restarted operator rebuilds the same veto.")
-
-
-class DecisionAction(StrEnum):
-    """The values of ``lookahead_operator.measurement.decision.Action``."""
-
-    Promote = "Promote"                        # lookahead on at every batch size
-    PromoteRegimeAware = "PromoteRegimeAware"  # on below the crossover batch size
-    Rollback = "Rollback"                      # lookahead pays nowhere (or the guard saw a regression)
-    NotACandidate = "NotACandidate"            # preflight said no
-    Inconclusive = "Inconclusive"              # deadline passed without a clear answer: do not promote
-    Wait = "Wait"                              # not decided yet
-
-
-class RegimeRange(StatusModel):
-    """Lookahead on (``enabled``) or off for running batch sizes ``start..end`` (inclusive)."""
-
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
-    enabled: bool
-
-
-class Decision(StatusModel):
-    """``lookahead_operator.measurement.decision.Decision.to_dict()`` plus when, an id and the promoted config."""
-
-    id: Optional[str] = Field(default=None, max_length=64,
-                              description="Identifies this decision (generation and action).")
-    action: DecisionAction
-    reason: str = Field(max_length=MAX_MESSAGE, description="The reason in words, with the numbers.")
-    decided_at: Optional[Timestamp] = None
-    crossover_batch_size: Optional[int] = Field(default=None, ge=0,
-                                                description="Smallest measured batch size at which lookahead stops paying.")
-    regime: Optional[list[RegimeRange]] = Field(default=None, description="Where lookahead stays on (regimeAware).")
-    outcomes: Optional[dict[str, str]] = Field(default=None, description="Batch size -> outcome.")
-    config: Optional[FreeForm] = Field(default=None, description="The engine config to promote (adapter-specific).")
-    evidence: Optional[FreeForm] = Field(default=None, description="Every value behind the decision.")
-
-
-class WaveState(StrEnum):
-    Pending = "Pending"
-    Promoting = "Promoting"
-    Guarding = "Guarding"
-    Passed = "Passed"
-    Failed = "Failed"
-    RolledBack = "RolledBack"
-
-
-class WaveStatus(StatusModel):
-    index: int = Field(ge=1, description="1-based wave number.")
-    percent: int = Field(ge=1, le=100, description="Cumulative share of the fleet by the end of this wave.")
-    state: WaveState = WaveState.Pending
-    targets: Optional[list[str]] = Field(default=None, max_length=MAX_TARGETS, description="namespace/name promoted in this wave.")
-    started_at: Optional[Timestamp] = None
-    finished_at: Optional[Timestamp] = None
-    throughput_change: Optional[float] = Field(default=None, description="Guard: promoted vs unpromoted, percent.")
-    message: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
-
-
-class PreflightStatus(StatusModel):
-    candidate: Optional[bool] = Field(default=None, description="Is the workload a lookahead candidate at all.")
-    verdict: Optional[str] = Field(default=None, max_length=MAX_SHORT, description="The verdict in a word or two.")
-    reasons: Optional[list[str]] = Field(default=None, description="Why, with the numbers.")
-    missing: Optional[list[str]] = Field(default=None, description="Metrics that were not available (e.g. DCGM SM_ACTIVE).")
-    signals: Optional[dict[str, float]] = Field(
-        default=None, description="The numbers read, by signal (DCGM counters as fractions 0..1, seconds, running "
-                                  "requests as runningP50/P90/P99).")
-    batch_sizes: Optional[list[int]] = Field(default=None, description="Batch sizes to measure (auto: from running-request quantiles).")
-    checked_at: Optional[Timestamp] = None
-
-
-class TargetStatus(StatusModel):
-    namespace: str
-    name: str
-    engine: Optional[str] = Field(default=None, description="The engine detected or given.")
-    promoted: bool = False
-    wave: Optional[int] = Field(default=None, ge=1, description="The wave that promoted it.")
-    saved_template: Optional[FreeForm] = Field(default=None, description="The pod template before the first patch.")
-    user_edited: Optional[bool] = Field(
-        default=None, description="Its pod template was changed by someone else mid-rollout: the user's change wins; "
-                                  "the operator released it and neither promotes nor restores it.")
-
-
-class WorkloadRef(StatusModel):
-    """An object the operator created (canary, control, load Job)."""
-
-    kind: str
-    namespace: str
-    name: str
-    role: str
-    target: Optional[str] = None
-
-
-class Gates(StatusModel):
-    """What the operator saw of the gates (see the module docstring)."""
-
-    paused: Optional[bool] = None
-    awaiting_approval: Optional[bool] = None
-    approved: Optional[bool] = None
-    approved_generation: Optional[int] = Field(default=None, ge=0, description="The generation the approval named.")
-    approved_at: Optional[Timestamp] = None
-    aborted: Optional[bool] = None
-    abort_reason: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
-
-
-class Progress(StatusModel):
-    """The state machine's bookkeeping: what a restarted operator resumes from. Every clock here
-    is frozen while the policy is paused (shifted by the pause's length on resume)."""
-
-    fingerprint: Optional[str] = Field(default=None, max_length=64,
-                                       description="LookaheadPolicySpec.fingerprint() being acted on.")
-    fingerprint_generation: Optional[int] = Field(
-        default=None, ge=0, description="metadata.generation at which the spec last hashed to fingerprint: a new "
-                                        "hash at the same generation is a default the user did not write (a CRD or "
-                                        "operator upgrade), not a change, and restarts nothing.")
-    started_at: Optional[Timestamp] = None
-    phase_since: Optional[Timestamp] = None
-    batch_sizes: Optional[list[int]] = Field(default=None, max_length=MAX_BATCH_SIZES,
-                                             description="The planned sweep, fixed when measurement starts.")
-    step: Optional[int] = Field(default=None, ge=0, description="Index into batchSizes being measured.")
-    step_started_at: Optional[Timestamp] = None
-    measuring_since: Optional[Timestamp] = None
-    wave: Optional[int] = Field(default=None, ge=0, description="0-based wave in progress.")
-    wave_started_at: Optional[Timestamp] = None
-    guard_started_at: Optional[Timestamp] = None
-    guard_leg: Optional[int] = Field(
-        default=None, ge=0, description="0-based index into the guard's batch sizes (status.guard.legs) being "
-                                        "driven in the current wave or final guard.")
-    guard_leg_started_at: Optional[Timestamp] = Field(
-        default=None, description="When the guard load at the current batch size started.")
-    paused_at: Optional[Timestamp] = Field(default=None, description="When spec.paused was first seen true.")
-    load_run: Optional[int] = Field(default=None, ge=0,
-                                    description="Bumped whenever load is (re)started; load Job names carry it.")
-    load_started_at: Optional[Timestamp] = Field(
-        default=None, description="When every load Job of the current loadRun was first seen with a running pod: "
-                                  "a step or guard measures from here (plus the warm-up), never from before.")
-    read_errors: Optional[int] = Field(default=None, ge=0, description="Consecutive passes Prometheus could not be read.")
-
-
-class GuardLeg(StatusModel):
-    """The guard at one batch size of the wave (or final guard) in progress."""
-
-    batch_size: int = Field(ge=1, description="Concurrent requests driven on the promoted pod and on the control.")
-    lookahead: Optional[bool] = Field(default=None, description="Whether the promoted config has lookahead on at "
-                                                                "this batch size (regime-aware: off above its range).")
-    state: Literal["Pending", "Guarding", "Passed"] = Field(
-        default="Pending", description="Pending (not driven yet), Guarding (being driven now) or Passed.")
-    message: str = Field(default="", max_length=MAX_MESSAGE, description="The latest comparison at this batch size.")
-
-
-class GuardStatus(StatusModel):
-    """The latest guard comparison: a promoted pod against the control."""
-
-    wave: Optional[int] = Field(default=None, ge=1, description="The wave being guarded (none: the final guard).")
-    message: str = Field(default="", max_length=MAX_MESSAGE)
-    enough_data: bool = False
-    regressed: bool = False
-    batch_size: Optional[int] = Field(default=None, ge=1, description="The batch size being driven now.")
-    legs: Optional[list[GuardLeg]] = Field(
-        default=None, max_length=MAX_BATCH_SIZES,
-        description="Every batch size this guard drives, one after the other: after a regime-aware promotion one "
-                    "inside the lookahead range and one above it; otherwise the largest measured.")
-
-
-class RollbackStatus(StatusModel):
-    reason: str = Field(max_length=MAX_SHORT)
-    message: str = Field(default="", max_length=MAX_MESSAGE)
-    at: Optional[Timestamp] = None
-    restored: Optional[list[str]] = Field(default=None, max_length=MAX_TARGETS,
-                                          description="namespace/name restored to their saved templates.")
-
-
-class LookaheadPolicyStatus(StatusModel):
-    phase: Phase = Phase.Pending
-    message: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
-    observed_generation: Optional[int] = Field(default=None, ge=0)
-    conditions: Optional[list[Condition]] = Field(
-        default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
-    preflight: Optional[PreflightStatus] = None
-    targets: Optional[list[TargetStatus]] = None
-    workloads: Optional[list[WorkloadRef]] = None
-    batch_sizes: Optional[list[int]] = Field(default=None, description="The batch sizes being measured.")
-    batches: Optional[list[BatchResult]] = None
-    crossover_batch_size: Optional[int] = Field(
-        default=None, ge=0, description="Smallest measured batch size at which lookahead stops paying.")
-    decision: Optional[Decision] = None
-    current_wave: Optional[int] = Field(default=None, ge=0, description="1-based wave in progress (0: none yet).")
-    waves: Optional[list[WaveStatus]] = None
-    gates: Optional[Gates] = None
-    report: Optional[str] = Field(default=None, max_length=MAX_URL, description="Where the report is (a ConfigMap or URL).")
-    guard: Optional[GuardStatus] = Field(default=None, description="The latest guard comparison (promoted vs control).")
-    rollback: Optional[RollbackStatus] = Field(default=None, description="Why and when the fleet was rolled back, and what was restored.")
-    progress: Progress = Field(default_factory=Progress, description="The state machine's bookkeeping (step, wave, "
-                               "clocks): what a restarted operator resumes from. See lookahead_operator.controller.statemachine.")
-
-
-NAME_TOO_LONG = (f"metadata.name must be at most {MAX_POLICY_NAME} characters: it is the value of the "
-                 "lookahead.dev/policy label on every object the policy creates")
-# Rules on the whole object (the CRD's root schema): only metadata.name is visible to CEL there.
-ROOT_VALIDATIONS = [_cel(f"size(self.metadata.name) <= {MAX_POLICY_NAME}", NAME_TOO_LONG)]
-
-
-class LookaheadPolicy(ApiModel):
-    """A whole object, as the apiserver returns it."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", validate_default=True)
-
-    api_version: Literal["lookahead.dev/v1alpha1"] = API_VERSION
-    kind: Literal["LookaheadPolicy"] = KIND
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: LookaheadPolicySpec
-    status: Optional[LookaheadPolicyStatus] = None
-
-    @model_validator(mode="after")
-    def _name_fits(self) -> "LookaheadPolicy":
-        name = self.metadata.get("name") or ""
-        if len(name) > MAX_POLICY_NAME:
-            raise ValueError(NAME_TOO_LONG)
-        return self
-
-    @classmethod
-    def from_body(cls, body: Any) -> "LookaheadPolicy":
-        """From a Kopf body or a dict; ``status`` is read leniently."""
-        data = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body}
-        if "metadata" in data:
-            data["metadata"] = dict(data["metadata"])
-        return cls.model_validate(data)
-
-
-__all__ = [name for name in dir() if not name.startswith("_")]
