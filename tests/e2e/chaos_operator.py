@@ -24,7 +24,7 @@ def _install(marker: Path) -> None:
     from lookahead_operator.kube import client as kube
 
     state = threading.local()
-    promote = actions.ACTIONS[actions.sm.ActionKind.PROMOTE]
+    promote = actions.ACTIONS[actions.ActionKind.PROMOTE]
 
     def promote_and_count(c, a):
         state.wave_size, state.patched = len(a.targets), 0
@@ -55,7 +55,7 @@ def _install(marker: Path) -> None:
         after_write(body)
         return out
 
-    actions.ACTIONS[actions.sm.ActionKind.PROMOTE] = promote_and_count
+    actions.ACTIONS[actions.ActionKind.PROMOTE] = promote_and_count
     kube.Kube.patch_deployment = patch_deployment
     kube.Kube.replace_deployment = replace_deployment
 

@@ -41,11 +41,11 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import (BAD_GPU, GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, get_policy,
-                             no_leftovers, policy, sanitized)
+from .helpers import (BAD_GPU, GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, get_policy, no_leftovers,
+                      policy, sanitized)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -8,50 +8,26 @@ exact saved originals, no duplicate or orphaned object, no invariant violation."
 from __future__ import annotations
 
 import pytest
-from kubernetes import client
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import (
-    GOOD_GPU,
-    GROUP,
-    PLURAL,
-    VERSION,
-    engine_deployment,
-    get_policy,
-    no_leftovers,
-    policy,
-    sanitized,
-    wait_phase,
-)
+from .helpers import get_policy, measuring_under_load, no_leftovers, sanitized, start_two_wave_rollout, wait_phase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 
-def test_apiserver_restarted_mid_measurement_and_mid_wave(devcluster, kube_api, operator_process, prometheus,
+def test_apiserver_restarted_mid_measurement_and_mid_wave(devcluster, apis, operator_process, prometheus,
                                                           reliability):
     reliability.expect("kube-apiserver restarted (SIGTERM, same address) mid-measurement and again mid-wave",
                        "operator, kubelet, Prometheus discovery and the invariant watcher reconnect; the rollout "
                        "ends as uninterrupted (Succeeded, PromoteRegimeAware), originals exact, no orphan, no "
                        "invariant violation")
-    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
-                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    apps, core, custom, batch = apis
     ns = "e2e-apiserver"
-    core.create_namespace({"metadata": {"name": ns}})
-    for name in ("chat-a", "chat-b"):
-        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, GOOD_GPU, "chat"))
-    originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware",
-                                                  ["50%", "100%"]))
-
-    def measuring():
-        st = get_policy(custom, ns, "chat").get("status") or {}
-        return st if st.get("phase") == "Measuring" and (st.get("progress") or {}).get("loadStartedAt") else None
-
-    wait_for(measuring, timeout=240, what="measuring under load", interval=1.0)
+    originals = start_two_wave_rollout(apps, core, custom, ns, prometheus.url)
+    wait_for(lambda: measuring_under_load(custom, ns, "chat"), timeout=240, what="measuring under load", interval=1.0)
     down = [devcluster.restart_apiserver()]
 
     def mid_wave():

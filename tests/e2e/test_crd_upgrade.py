@@ -16,10 +16,11 @@ import copy
 import pytest
 from kubernetes import client
 
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, events_of, get_policy, policy, wait_phase
+from .helpers import (GOOD_GPU, apply_policy, deploy_fleet, events_of, get_policy, measuring_under_load, policy,
+                      wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -40,16 +41,10 @@ def test_a_crd_upgrade_with_a_new_defaulted_field_restarts_nothing(kube_api, crd
     apps, core, custom = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api)
     ext = client.ApiextensionsV1Api(kube_api)
     ns = "e2e-crd-upgrade"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1], "analysisOnly", ["100%"]))
-
-    def measuring():
-        st = get_policy(custom, ns, "chat").get("status") or {}
-        return st if st.get("phase") == "Measuring" and (st.get("progress") or {}).get("loadStartedAt") else None
-
-    before = wait_for(measuring, timeout=240, what="measuring under load", interval=1.0)["progress"]
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "analysisOnly", ["100%"]))
+    before = wait_for(lambda: measuring_under_load(custom, ns, "chat"), timeout=240, what="measuring under load",
+                      interval=1.0)["progress"]
     generation = get_policy(custom, ns, "chat")["metadata"]["generation"]
     upgraded = copy.deepcopy(crd_installed)
     for v in upgraded["spec"]["versions"]:

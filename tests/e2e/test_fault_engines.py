@@ -20,25 +20,13 @@ from pathlib import Path
 import pytest
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import (
-    GOOD_GPU,
-    GROUP,
-    PLURAL,
-    VERSION,
-    engine_deployment,
-    events_of,
-    get_policy,
-    no_leftovers,
-    policy,
-    sanitized,
-    wait_phase,
-)
+from .helpers import (GOOD_GPU, apply_policy, deploy_fleet, events_of, measuring_under_load, no_leftovers, policy,
+                      sanitized, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
-
 
 
 def _canary_pod(core, ns) -> str:
@@ -48,10 +36,10 @@ def _canary_pod(core, ns) -> str:
 
 
 def _measured_a_while(custom, ns):
-    st = get_policy(custom, ns, "chat").get("status") or {}
+    st = measuring_under_load(custom, ns, "chat") or {}
     rows = st.get("batches") or []
     n = ((rows[0].get("samples") or {}).get("canary") or 0) if rows else 0
-    return st if st.get("phase") == "Measuring" and (st.get("progress") or {}).get("loadStartedAt") and n >= 2 else None
+    return st if n >= 2 else None
 
 
 def test_the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(apis, operator_process, prometheus,
@@ -61,11 +49,9 @@ def test_the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(apis, o
                        "without the fault (batch 1 Wins, PromoteRegimeAware), fleet untouched (analysisOnly)")
     apps, core, custom, batch = apis
     ns = "fault-canary-pod"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
     before = sanitized(apps, ns, "chat-a")["spec"]
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1], "analysisOnly", ["100%"]))
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "analysisOnly", ["100%"]))
     st = wait_for(lambda: _measured_a_while(custom, ns), timeout=240, what="measuring with data", interval=1.0)
     run_before = st["progress"]["loadRun"]
     old = _canary_pod(core, ns)
@@ -106,12 +92,11 @@ def test_a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(apis, o
                        "Inconclusive at the analysis deadline (2 m here), nothing promoted, the fleet untouched")
     apps, core, custom, batch = apis
     ns = "fault-canary-hang"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
     before = sanitized(apps, ns, "chat-a")["spec"]
     body = policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["100%"])
     body["spec"]["analysis"]["deadline"] = "2m"   # (the test's 6 m default would only make it longer)
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    apply_policy(custom, body)
     wait_for(lambda: _measured_a_while(custom, ns), timeout=240, what="measuring with data", interval=1.0)
     pod = _canary_pod(core, ns)
     pids = _container_pids(pod)

@@ -17,18 +17,8 @@ from kubernetes import client
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import (
-    GOOD_GPU,
-    GROUP,
-    PLURAL,
-    VERSION,
-    engine_deployment,
-    get_policy,
-    no_leftovers,
-    policy,
-    sanitized,
-    wait_phase,
-)
+from .helpers import (GOOD_GPU, GROUP, PLURAL, VERSION, conditions, engine_deployment, get_policy, no_leftovers,
+                      sanitized, start_two_wave_rollout, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -38,23 +28,16 @@ def _template(apps, ns, name):
 
 
 def test_new_and_deleted_targets_mid_rollout_then_the_policy_deleted_with_the_operator_stopped(
-        kube_api, operator_process, prometheus, reliability):
+        apis, operator_process, prometheus, reliability):
     reliability.expect(
         "A Deployment starts matching the selector and a claimed target is deleted, mid-measurement; "
         "then, mid-wave, the operator is stopped and the policy deleted; the operator comes back",
         "the newcomer is never claimed, promoted or restored and TargetsFound names it; the rollout goes on "
         "with the remaining target; the finalizer holds the policy while no operator runs; once back, the "
         "deletion completes within 120 s with the promoted target restored exactly and no object of ours left")
-    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
-                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    apps, core, custom, batch = apis
     ns = "e2e-targets"
-    core.create_namespace({"metadata": {"name": ns}})
-    for name in ("chat-a", "chat-b"):
-        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, GOOD_GPU, "chat"))
-    original_a = _template(apps, ns, "chat-a")
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware",
-                                                  ["50%", "100%"]))
+    original_a = start_two_wave_rollout(apps, core, custom, ns, prometheus.url)["chat-a"]
     wait_phase(custom, ns, "chat", {"Measuring"}, 240, operator_process)
 
     apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-c", GOOD_GPU, "chat"))
@@ -63,7 +46,7 @@ def test_new_and_deleted_targets_mid_rollout_then_the_policy_deleted_with_the_op
 
     def newcomer_named():
         st = get_policy(custom, ns, "chat").get("status") or {}
-        found = {c["type"]: c for c in st.get("conditions") or []}.get("TargetsFound") or {}
+        found = conditions(st).get("TargetsFound") or {}
         return found if found.get("reason") == "NewTargetsLeftAlone" else None
 
     found = wait_for(newcomer_named, timeout=60, what="TargetsFound naming the newcomer", interval=1.0)

@@ -26,22 +26,11 @@ from datetime import datetime
 import pytest
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import free_port, wait_for
 
-from .test_lifecycle import (
-    GOOD_GPU,
-    GROUP,
-    PLURAL,
-    VERSION,
-    engine_deployment,
-    events_of,
-    get_policy,
-    no_leftovers,
-    policy,
-    sanitized,
-    wait_phase,
-)
+from .helpers import (FLEET, GOOD_GPU, apply_policy, conditions, deploy_fleet, engine_deployment, events_of,
+                      get_policy, make_namespace, no_leftovers, policy, sanitized, saved_templates, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -111,11 +100,6 @@ class Outage:
                     pass
 
 
-
-def conditions(st):
-    return {c["type"]: c for c in st.get("conditions") or []}
-
-
 def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operator_process, prometheus,
                                                                     reliability):
     reliability.expect("A promoted template cannot roll out (a ResourceQuota refuses the surge pod)",
@@ -124,7 +108,7 @@ def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operat
     apps, core, custom, batch = apis
     ns_a, ns_b = "fault-rollout-a", "fault-rollout-b"
     for ns in (ns_a, ns_b):
-        core.create_namespace({"metadata": {"name": ns}})
+        make_namespace(core, ns)
     apps.create_namespaced_deployment(ns_a, engine_deployment(ns_a, "chat-a", GOOD_GPU, "chat"))
     stuck = engine_deployment(ns_b, "chat-b", GOOD_GPU, "chat")
     stuck["spec"]["progressDeadlineSeconds"] = 10
@@ -136,7 +120,7 @@ def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operat
     originals = {ns: sanitized(apps, ns, n) for ns, n in ((ns_a, "chat-a"), (ns_b, "chat-b"))}
     body = policy("chat", ns_a, "chat", prometheus.url, [1], "regimeAware", ["100%"])
     body["spec"]["targets"]["namespaces"] = [ns_a, ns_b]
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns_a, PLURAL, body)
+    apply_policy(custom, body)
     st = wait_phase(custom, ns_a, "chat", TERMINAL, 420, operator_process)
     reliability.observed(f"{st['phase']} ({(st.get('rollback') or {}).get('reason')}): "
                          f"{(st.get('rollback') or {}).get('message', '')[:160]}", injected=1)
@@ -164,14 +148,13 @@ def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_unto
                        "meanwhile, the fleet never touched")
     apps, core, custom, batch = apis
     ns = "fault-prom-long"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
     before = sanitized(apps, ns, "chat-a")
     outage = Outage(prometheus.url)
     outage.down()
     body = policy("chat", ns, "chat", outage.url, [1], "full", ["100%"])
     body["spec"]["analysis"]["deadline"] = "2m"
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    apply_policy(custom, body)
 
     def measuring_without_metrics():
         st = get_policy(custom, ns, "chat").get("status") or {}
@@ -201,11 +184,9 @@ def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process,
                        "(a win at batch 1)")
     apps, core, custom, batch = apis
     ns = "fault-prom-brief"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
     outage = Outage(prometheus.url)
-    body = policy("chat", ns, "chat", outage.url, [1], "analysisOnly", ["100%"])
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    apply_policy(custom, policy("chat", ns, "chat", outage.url, [1], "analysisOnly", ["100%"]))
     wait_for(lambda: (get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Measuring",
              timeout=120, interval=0.5, what="measuring")
     outage.down()
@@ -234,10 +215,8 @@ def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis,
                        "pause; never more than one load Job per role; Succeeded")
     apps, core, custom, batch = apis
     ns = "fault-pause"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
-    body = policy("chat", ns, "chat", prometheus.url, [1, 16], "analysisOnly", ["100%"])
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 16], "analysisOnly", ["100%"]))
     sel = f"{b.LABEL_POLICY}=chat,{b.LABEL_ROLE}=loadgen"
     most = {"n": 0}
     stop = threading.Event()
@@ -342,8 +321,7 @@ def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(api
                        "exactly; the old pod serves throughout")
     apps, core, custom, batch = apis
     ns = "fault-crashloop"
-    core.create_namespace({"metadata": {"name": ns}})
-    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
     old = engine_deployment(ns, "chat-b", GOOD_GPU, "chat")
     old["spec"]["progressDeadlineSeconds"] = 15
     core.create_namespaced_config_map(ns, {"metadata": {"name": "old-entrypoint"},
@@ -357,12 +335,11 @@ def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(api
     for name in ("chat-a", "chat-b"):
         wait_for(lambda n=name: (apps.read_namespaced_deployment(n, ns).status.ready_replicas or 0) == 1,
                  timeout=90, what=f"{name} ready")
-    originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
+    originals = saved_templates(apps, ns, FLEET)
     serving = {p.metadata.name for p in core.list_namespaced_pod(ns, label_selector="fleet=chat-b").items}
     # chat-a is the first target: the canary is cloned from it and measures a win; the second wave
     # promotes chat-b, whose new pods exit on the flags.
-    body = policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"])
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"]))
     crashed = []
 
     def crashlooping():

@@ -14,11 +14,11 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator.runtime.handlers import peering_priority
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
 from .conftest import OperatorPod
-from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, get_policy, policy
+from .helpers import GOOD_GPU, apply_policy, deploy_fleet, get_policy, policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 PAUSED, RESUMED = "Pausing operations in favour of", "Resuming operations after the pause"
@@ -49,11 +49,8 @@ def test_two_replicas_one_acts_and_killing_it_hands_over(devcluster, crd_install
         assert not _acting(op.pod_log(waiting)), "the lower priority waits"
 
         ns = "e2e-peering"
-        core.create_namespace({"metadata": {"name": ns}})
-        apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                               policy("chat", ns, "chat", prometheus.url, [1], "analysisOnly",
-                                                      ["100%"]))
+        deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU})
+        apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "analysisOnly", ["100%"]))
         wait_for(lambda: (get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Measuring",
                  timeout=180, what="measuring", interval=1.0)
         assert f"{ns}/chat: phase" in op.pod_log(active)

@@ -12,7 +12,6 @@ test. A production engine image would carry torch itself."""
 from __future__ import annotations
 
 import pytest
-from kubernetes import client
 
 import site
 from pathlib import Path
@@ -23,7 +22,8 @@ from lookahead_canary.models import cache_root
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import image_name
 
-from .test_lifecycle import GROUP, PLURAL, VERSION, events_of, no_leftovers, sanitized, wait_phase
+from .helpers import (GROUP, VERSION, apply_policy, events_of, make_namespace, no_leftovers, sanitized,
+                      wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -63,14 +63,13 @@ def smollm2_deployment(ns: str) -> dict:
     }
 
 
-def test_real_model_policy_decides_from_real_numbers(kube_api, operator_process, prometheus):
-    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
-                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+def test_real_model_policy_decides_from_real_numbers(apis, operator_process, prometheus):
+    apps, core, custom, batch = apis
     ns = "e2e-smollm2"
-    core.create_namespace({"metadata": {"name": ns}})
+    make_namespace(core, ns)
     apps.create_namespaced_deployment(ns, smollm2_deployment(ns))
     before = sanitized(apps, ns, "smol")
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
+    apply_policy(custom, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "LookaheadPolicy",
         "metadata": {"name": "smol", "namespace": ns},
         "spec": {

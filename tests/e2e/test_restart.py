@@ -9,47 +9,46 @@ import random
 import time
 
 import pytest
-from kubernetes import client
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, engine_deployment, no_leftovers, policy, sanitized
+from .helpers import (FLEET, GOOD_GPU, apply_policy, deploy_fleet, get_policy, no_leftovers, policy, sanitized,
+                      saved_templates, start_two_wave_rollout)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 
-def test_killed_in_every_phase_still_completes(kube_api, operator_process, prometheus, reliability):
+def _look(apps, custom, batch, ns) -> tuple[dict, int, int]:
+    """Policy ``chat``'s status, its canary and control Deployments now, and the most live load Jobs
+    of one step and role."""
+    st = get_policy(custom, ns, "chat").get("status") or {}
+    roles = apps.list_namespaced_deployment(
+        ns, label_selector=f"{b.LABEL_POLICY}=chat,{b.LABEL_ROLE} in (canary,control)").items
+    per_key: dict[tuple, int] = {}
+    for j in batch.list_namespaced_job(ns, label_selector=f"{b.LABEL_POLICY}=chat").items:
+        if not j.metadata.deletion_timestamp:
+            key = (j.metadata.labels.get(b.LABEL_STEP), j.metadata.labels.get(f"{b.GROUP}/drives"))
+            per_key[key] = per_key.get(key, 0) + 1
+    return st, len(roles), max(per_key.values(), default=0)
+
+
+def test_killed_in_every_phase_still_completes(apis, operator_process, prometheus, reliability):
     reliability.expect("Operator SIGKILLed at the entry of every phase it reaches, restarted at once",
                        "the rollout completes as uninterrupted (PromoteRegimeAware, Succeeded); originals saved "
                        "exactly; no duplicate or orphaned object; no invariant violation")
-    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
-                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    apps, core, custom, batch = apis
     ns = "e2e-restart"
-    core.create_namespace({"metadata": {"name": ns}})
-    for name in ("chat-a", "chat-b"):
-        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, GOOD_GPU, "chat"))
-    originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware",
-                                                  ["50%", "100%"]))
+    originals = start_two_wave_rollout(apps, core, custom, ns, prometheus.url)
     killed_in: list[str] = []
     max_roles = max_jobs_per_step_role = 0
     deadline = time.monotonic() + 600
     phase = None
     while time.monotonic() < deadline:
-        st = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat").get("status") or {}
+        st, roles, jobs = _look(apps, custom, batch, ns)
         phase = st.get("phase")
-        roles = apps.list_namespaced_deployment(ns, label_selector=f"{b.LABEL_POLICY}=chat,{b.LABEL_ROLE} in (canary,control)").items
-        max_roles = max(max_roles, len(roles))
-        jobs = [j for j in batch.list_namespaced_job(ns, label_selector=f"{b.LABEL_POLICY}=chat").items
-                if not j.metadata.deletion_timestamp]
-        per_key: dict[tuple, int] = {}
-        for j in jobs:
-            key = (j.metadata.labels.get(b.LABEL_STEP), j.metadata.labels.get(f"{b.GROUP}/drives"))
-            per_key[key] = per_key.get(key, 0) + 1
-        max_jobs_per_step_role = max([max_jobs_per_step_role, *per_key.values()])
+        max_roles, max_jobs_per_step_role = max(max_roles, roles), max(max_jobs_per_step_role, jobs)
         if phase in TERMINAL:
             break
         if phase and phase not in killed_in:
@@ -76,7 +75,7 @@ def test_killed_in_every_phase_still_completes(kube_api, operator_process, prome
 SEED = int(os.environ.get("LOOKAHEAD_CHAOS_SEED", "20261201"))
 
 
-def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(kube_api, operator_process, prometheus,
+def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, operator_process, prometheus,
                                                                           tmp_path, reliability):
     """Issue 12: the operator is SIGKILLed at seeded random instants all through one rollout (each
     time 0.5-4 s after it is up again), and once exactly between the first and the second target
@@ -91,18 +90,14 @@ def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(kube_api
         "the rollout completes as uninterrupted (PromoteRegimeAware, Succeeded); the half-patched wave is "
         "finished after the restart; originals saved exactly; no duplicate or orphaned object; no invariant "
         "violation", seed=SEED)
-    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
-                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+    apps, core, custom, batch = apis
     ns = "e2e-chaos"
-    core.create_namespace({"metadata": {"name": ns}})
-    for name in ("chat-a", "chat-b"):
-        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, GOOD_GPU, "chat"))
-    originals = {n: sanitized(apps, ns, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
+    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU, "chat-b": GOOD_GPU})
+    originals = saved_templates(apps, ns, FLEET)
     operator_process.kill()            # this test starts (and kills) its own
     marker = tmp_path / "died-mid-wave"
     # one wave of both Deployments: the fault point needs two patches in one wave
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
-                                           policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware", ["100%"]))
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware", ["100%"]))
     kills: list[str] = []
     max_roles = max_jobs_per_step_role = 0
     deadline = time.monotonic() + 900
@@ -112,17 +107,9 @@ def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(kube_api
         operator_process.wait_up(60)
         kill_at = time.monotonic() + rng.uniform(0.5, 4.0)     # the fault schedule, not a wait
         while time.monotonic() < kill_at and operator_process.alive():
-            st = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat").get("status") or {}
+            st, roles, jobs = _look(apps, custom, batch, ns)
             phase = st.get("phase")
-            roles = apps.list_namespaced_deployment(
-                ns, label_selector=f"{b.LABEL_POLICY}=chat,{b.LABEL_ROLE} in (canary,control)").items
-            max_roles = max(max_roles, len(roles))
-            per_key: dict[tuple, int] = {}
-            for j in batch.list_namespaced_job(ns, label_selector=f"{b.LABEL_POLICY}=chat").items:
-                if not j.metadata.deletion_timestamp:
-                    key = (j.metadata.labels.get(b.LABEL_STEP), j.metadata.labels.get(f"{b.GROUP}/drives"))
-                    per_key[key] = per_key.get(key, 0) + 1
-            max_jobs_per_step_role = max([max_jobs_per_step_role, *per_key.values()])
+            max_roles, max_jobs_per_step_role = max(max_roles, roles), max(max_jobs_per_step_role, jobs)
             if phase in TERMINAL:
                 break
             time.sleep(0.2)

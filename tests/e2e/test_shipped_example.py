@@ -31,9 +31,10 @@ from kubernetes import client
 from lookahead_canary.simulator import RooflineSimulator
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
-from lookahead_operator.api.models import LookaheadPolicy
+from lookahead_operator.api.policy import LookaheadPolicy
 
-from .test_lifecycle import GOOD_GPU, GROUP, PLURAL, VERSION, events_of, get_policy, no_leftovers, sanitized
+from .helpers import (GOOD_GPU, GROUP, PLURAL, VERSION, apply_policy, events_of, get_policy, no_leftovers,
+                      sanitized)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -65,9 +66,8 @@ def fleet_docs(sim: dict) -> list[dict]:
     return docs
 
 
-def test_shipped_example_with_its_defaults_reaches_the_right_decision(kube_api, operator_pod, prometheus):
-    apps, core, custom, batch = (client.AppsV1Api(kube_api), client.CoreV1Api(kube_api),
-                                 client.CustomObjectsApi(kube_api), client.BatchV1Api(kube_api))
+def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, operator_pod, prometheus):
+    apps, core, custom, batch = apis
     for d in fleet_docs(GOOD_GPU):
         if d["kind"] == "Namespace":
             core.create_namespace(d)
@@ -81,7 +81,7 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(kube_api, 
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     before = sanitized(apps, ns, "chat-reference")
     untouched = sanitized(apps, ns, "chat-vllm")
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    apply_policy(custom, body)
 
     def decided():
         st = get_policy(custom, ns, name).get("status") or {}

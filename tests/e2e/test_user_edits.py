@@ -32,27 +32,15 @@ import pytest
 from kubernetes import client
 
 from lookahead_operator.controller import builders as b
-from lookahead_operator.api.models import TERMINAL_PHASES as TERMINAL
+from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .test_lifecycle import (
-    GOOD_GPU,
-    GROUP,
-    PLURAL,
-    VERSION,
-    engine_deployment,
-    events_of,
-    get_policy,
-    no_leftovers,
-    policy,
-    sanitized,
-    wait_phase,
-)
+from .helpers import (FLEET, GOOD_GPU, GROUP, PLURAL, VERSION, apply_policy, conditions, deploy_fleet, events_of,
+                      get_policy, no_leftovers, policy, sanitized, saved_templates, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 NS, POLICY = "e2e-user-edit", "chat"
 EDITED, SCALED = f"{NS}/chat-b", f"{NS}/chat-a"
-
 
 
 def target_annotations() -> tuple[str, ...]:
@@ -61,10 +49,6 @@ def target_annotations() -> tuple[str, ...]:
     assert names, ("lookahead_operator.controller.builders.TARGET_ANNOTATIONS is missing: the user-edit rule "
                    "(parked patch D: builders.user_edited, ANNOTATION_PROMOTED_TEMPLATE) is not applied")
     return tuple(names)
-
-
-def conditions(st: dict) -> dict:
-    return {c["type"]: c for c in st.get("conditions") or []}
 
 
 def rows(st: dict) -> dict:
@@ -95,13 +79,9 @@ def test_user_edit_mid_rollout_wins(apis, operator_process, prometheus, invarian
                        "Succeeded, PromoteRegimeAware, its 2 replicas kept")
     apps, core, custom, batch = apis
     marks = target_annotations()  # fail at once, not after minutes, without the rule's implementation
-    core.create_namespace({"metadata": {"name": NS}})
-    for name in ("chat-a", "chat-b"):
-        apps.create_namespaced_deployment(NS, engine_deployment(NS, name, GOOD_GPU, "chat"))
-    originals = {n: sanitized(apps, NS, n)["spec"]["template"] for n in ("chat-a", "chat-b")}
-    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL,
-                                           policy(POLICY, NS, "chat", prometheus.url, [1], "regimeAware",
-                                                  ["50%", "100%"]))
+    deploy_fleet(apps, core, NS, {"chat-a": GOOD_GPU, "chat-b": GOOD_GPU})
+    originals = saved_templates(apps, NS, FLEET)
+    apply_policy(custom, policy(POLICY, NS, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"]))
 
     # --- Measuring, both targets claimed: the user edits chat-b and scales chat-a -----------------
     def measuring_and_claimed():

@@ -21,6 +21,8 @@ from kubernetes.dynamic import DynamicClient
 from lookahead_dev import crdgen
 from lookahead_dev.devcluster import control_plane_binary
 
+from .helpers import namespace_while_used
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,11 +61,7 @@ def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
 
 @pytest.fixture()
 def namespace(kube_api):
-    name = f"chart-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    core.delete_namespace(name)
+    yield from namespace_while_used(kube_api, "chart")
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from pathlib import Path
 
 import pytest
@@ -14,15 +13,11 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from lookahead_dev.devcluster import K8S_VERSION, control_plane_binary, free_port, wait_for
 
+from .helpers import create_namespace
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _namespace(api: client.ApiClient, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    return name
 
 
 def _as_token(devcluster, token: str) -> client.ApiClient:
@@ -50,7 +45,7 @@ def test_apiserver_is_ready_and_reports_its_version(devcluster, kube_api):
 
 
 def test_deployment_gets_a_replicaset_and_a_pod_and_is_garbage_collected(kube_api):
-    ns = _namespace(kube_api, "cp-deploy")
+    ns = create_namespace(kube_api, "cp-deploy")
     apps, core = client.AppsV1Api(kube_api), client.CoreV1Api(kube_api)
     labels = {"app": "web"}
     apps.create_namespaced_deployment(ns, client.V1Deployment(
@@ -93,7 +88,7 @@ def test_deployment_gets_a_replicaset_and_a_pod_and_is_garbage_collected(kube_ap
 
 
 def test_service_account_tokens_and_rbac_are_real(devcluster, kube_api):
-    ns = _namespace(kube_api, "cp-rbac")
+    ns = create_namespace(kube_api, "cp-rbac")
     core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
     core.create_namespaced_service_account(ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="nobody")))
     token = core.create_namespaced_service_account_token(

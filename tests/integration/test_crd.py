@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,15 +17,19 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from lookahead_operator.api import models
-from lookahead_operator.api.models import LookaheadPolicy, LookaheadPolicySpec, LookaheadPolicyStatus
+from lookahead_operator.api.names import API_VERSION, CATEGORIES, GROUP, KIND, PLURAL, VERSION
+from lookahead_operator.api.policy import LookaheadPolicy
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import LookaheadPolicyStatus
+
+from .helpers import namespace_while_used, unique_name
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "lookaheadpolicies.yaml"
 EXAMPLE = REPO / "examples" / "chat-fleet.yaml"
-G, V, P = models.GROUP, models.VERSION, models.PLURAL
+G, V, P = GROUP, VERSION, PLURAL
 
 
 def install_crd(api: client.ApiClient, timeout: float = 30.0) -> client.V1CustomResourceDefinition:
@@ -69,11 +72,7 @@ def crd(kube_api):
 
 @pytest.fixture(scope="module")
 def namespace(kube_api, crd):
-    name = f"crd-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    core.delete_namespace(name)
+    yield from namespace_while_used(kube_api, "crd")
 
 
 @pytest.fixture()
@@ -88,13 +87,9 @@ def example_body(name: str, namespace: str) -> dict:
 
 
 def minimal_body(name: str, namespace: str) -> dict:
-    return {"apiVersion": models.API_VERSION, "kind": models.KIND,
+    return {"apiVersion": API_VERSION, "kind": KIND,
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"targets": {"selector": {"matchLabels": {"app": "llm-chat"}}}}}
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 # ------------------------------------------------------------------------------------------
@@ -107,11 +102,11 @@ def test_crd_installs_and_is_established(kube_api, crd):
     by_name = {r.name: r for r in resources}
     assert by_name[P].short_names == ["lap"] and by_name[P].namespaced
     assert f"{P}/status" in by_name
-    assert models.CATEGORIES[0] in (by_name[P].categories or [])
+    assert CATEGORIES[0] in (by_name[P].categories or [])
 
 
 def test_example_policy_is_accepted_with_defaults(objects, namespace):
-    name = _unique("chat-fleet")
+    name = unique_name("chat-fleet")
     created = objects.create_namespaced_custom_object(G, V, namespace, P, example_body(name, namespace))
     stored = objects.get_namespaced_custom_object(G, V, namespace, P, name)
     assert stored["metadata"]["uid"] == created["metadata"]["uid"]
@@ -129,7 +124,7 @@ def test_example_policy_is_accepted_with_defaults(objects, namespace):
 
 
 def test_minimal_policy_gets_every_default(objects, namespace):
-    name = _unique("minimal")
+    name = unique_name("minimal")
     objects.create_namespaced_custom_object(G, V, namespace, P, minimal_body(name, namespace))
     spec = objects.get_namespaced_custom_object(G, V, namespace, P, name)["spec"]
     assert spec == LookaheadPolicySpec.model_validate(minimal_body(name, namespace)["spec"]).to_dict()
@@ -176,7 +171,7 @@ VALID = {
 
 @pytest.mark.parametrize("case", list(VALID))
 def test_valid_variants_are_accepted(objects, namespace, case):
-    body = example_body(_unique(case), namespace)
+    body = example_body(unique_name(case), namespace)
     for dotted, value in VALID[case].items():
         _set(body["spec"], dotted, value)
     objects.create_namespaced_custom_object(G, V, namespace, P, body)
@@ -254,7 +249,7 @@ INVALID = {
 @pytest.mark.parametrize("case", list(INVALID))
 def test_invalid_policy_is_rejected_by_the_apiserver(objects, namespace, case):
     overrides, field = INVALID[case]
-    name = _unique(case)[:63]
+    name = unique_name(case)[:63]
     body = example_body(name, namespace)
     for dotted, value in overrides.items():
         _set(body["spec"], dotted, value)
@@ -353,7 +348,7 @@ def _get_table(api: client.ApiClient, path: str) -> dict:
 
 
 def test_status_subresource_stores_the_whole_status(kube_api, objects, namespace):
-    name = _unique("status")
+    name = unique_name("status")
     body = minimal_body(name, namespace)
     body["status"] = {"phase": "Succeeded"}
     objects.create_namespaced_custom_object(G, V, namespace, P, body)
@@ -381,7 +376,7 @@ def test_status_subresource_stores_the_whole_status(kube_api, objects, namespace
 
 
 def test_spec_edit_bumps_generation_status_patch_does_not(objects, namespace):
-    name = _unique("gen")
+    name = unique_name("gen")
     objects.create_namespaced_custom_object(G, V, namespace, P, minimal_body(name, namespace))
     g1 = objects.get_namespaced_custom_object(G, V, namespace, P, name)["metadata"]["generation"]
     objects.patch_namespaced_custom_object_status(G, V, namespace, P, name, {"status": {"phase": "Preflight"}})
@@ -401,7 +396,7 @@ def test_example_fleet_applies_and_the_example_policy_selects_its_reference_depl
     example policy's selectors pick exactly the reference-engine Deployment in it."""
     from kubernetes.dynamic import DynamicClient
 
-    from lookahead_operator.engines.adapters import detect_engine
+    from lookahead_operator.engines import detect_engine
 
     docs = [d for d in yaml.safe_load_all((REPO / "examples" / "fleet-deployment.yaml").read_text()) if d]
     dyn = DynamicClient(kube_api)
@@ -414,7 +409,7 @@ def test_example_fleet_applies_and_the_example_policy_selects_its_reference_depl
         out = dyn.server_side_apply(resource, body=body, name=doc["metadata"]["name"], namespace=ns,
                                     field_manager="lookahead-example-test", dry_run="All")
         assert out.metadata.name == doc["metadata"]["name"]
-    policy = models.LookaheadPolicy.from_body(yaml.safe_load(EXAMPLE.read_text()))
+    policy = LookaheadPolicy.from_body(yaml.safe_load(EXAMPLE.read_text()))
     (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
     assert policy.spec.targets.namespace_selector.matches(namespace["metadata"]["labels"])
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
@@ -435,8 +430,8 @@ def _strip_none(x):
 def test_status_written_by_the_decision_code_is_stored_unpruned(objects, namespace):
     """The rows and the decision the analysis code produces fit the CRD's status schema exactly:
     nothing is refused and nothing silently pruned (a schema drift would lose evidence)."""
-    from lookahead_operator.measurement.decision import BatchVerdict, decide
-    from lookahead_operator.measurement.statistics import ComparisonResult, Direction, Thresholds, Verdict
+    from lookahead_operator.measurement.decision import BatchComparison, decide
+    from lookahead_operator.measurement.stats import ComparisonResult, Direction, Thresholds, Verdict
 
     th = Thresholds(min_latency_improvement=0.05, max_throughput_regression=0.02, confidence=0.99)
 
@@ -446,9 +441,9 @@ def test_status_written_by_the_decision_code_is_stored_unpruned(objects, namespa
                                 interval=(lo, hi), verdict=Verdict.BETTER if est < 0 else Verdict.WORSE)
 
     verdicts = [
-        BatchVerdict(1, res(Direction.LOWER_IS_BETTER, -0.31, -0.35, -0.27),
+        BatchComparison(1, res(Direction.LOWER_IS_BETTER, -0.31, -0.35, -0.27),
                      res(Direction.HIGHER_IS_BETTER, 0.40, 0.33, 0.47), 0.42),
-        BatchVerdict(16, res(Direction.LOWER_IS_BETTER, 0.05, 0.03, 0.07),
+        BatchComparison(16, res(Direction.LOWER_IS_BETTER, 0.05, 0.03, 0.07),
                      res(Direction.HIGHER_IS_BETTER, -0.06, -0.08, -0.04)),
     ]
     rows = [v.to_status(th) for v in verdicts]
@@ -457,7 +452,7 @@ def test_status_written_by_the_decision_code_is_stored_unpruned(objects, namespa
     status = _strip_none({"phase": "Deciding", "batches": rows, "decision": decision,
                           "crossoverBatchSize": decision.get("crossoverBatchSize")})
 
-    name = _unique("decided")
+    name = unique_name("decided")
     objects.create_namespaced_custom_object(G, V, namespace, P, minimal_body(name, namespace))
     objects.patch_namespaced_custom_object_status(G, V, namespace, P, name, {"status": status})
     stored = objects.get_namespaced_custom_object(G, V, namespace, P, name)["status"]

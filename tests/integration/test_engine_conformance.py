@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lookahead_operator.engines import adapters as engines
+from lookahead_operator import engines
 
 VENV = Path(os.environ.get("LOOKAHEAD_ENGINES_VENV")
             or Path(os.environ.get("LOOKAHEAD_CACHE", Path.home() / ".cache/lookahead-rollout")) / "engines-venv")

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lookahead_canary.metrics import VLLM_COUNTERS, VLLM_GAUGES, VLLM_HISTOGRAMS
+from lookahead_dev.devcluster import free_port
+
+from .helpers import terminate, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,22 +40,6 @@ PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
     "1, 2, 3, 4, 5, 6, 7, 8,",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Engine:
@@ -87,17 +73,11 @@ class Engine:
             if self.proc.poll() is not None:
                 raise AssertionError(f"engine exited {self.proc.returncode}:\n{self.output()}")
             return self.health() == 200
-        wait_for(ready, timeout, f"{self.argv} to be healthy", interval=0.1)
+        wait_until(ready, timeout, f"{self.argv} to be healthy", interval=0.1)
         return self
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 20)
         self.client.close()
         self.log.close()
         os.unlink(self.log.name)
@@ -401,7 +381,7 @@ def test_sigterm_drains_an_in_flight_stream_then_exits_0():
         t.start()
         assert first.wait(30), e.output()
         e.proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: e.health() == 503, 10, "/health to turn 503 while draining")
+        wait_until(lambda: e.health() == 503, 10, "/health to turn 503 while draining", interval=0.05)
         r = e.client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["message"]
         assert e.proc.poll() is None, "exited before the in-flight stream finished"
@@ -423,16 +403,16 @@ def test_a_client_that_goes_away_frees_its_batch_slot(engines):
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # one chunk, then hang up
-    wait_for(lambda: s.metric("vllm:request_success_total", finished_reason="abort") > aborted,
-             10, "the abandoned request to be aborted")
-    wait_for(lambda: s.metric("vllm:num_requests_running") == 0, 10, "the slot to be freed")
+    wait_until(lambda: s.metric("vllm:request_success_total", finished_reason="abort") > aborted,
+               10, "the abandoned request to be aborted", interval=0.05)
+    wait_until(lambda: s.metric("vllm:num_requests_running") == 0, 10, "the slot to be freed", interval=0.05)
     assert s.complete(prompt="next", max_tokens=3)["usage"]["completion_tokens"] == 3
 
 
 def test_sigterm_while_the_model_loads_exits_0_at_once():
     e = Engine("--model", "tiny")
     try:
-        wait_for(lambda: e.health() == 503, 30, "the server to listen while loading")
+        wait_until(lambda: e.health() == 503, 30, "the server to listen while loading", interval=0.05)
         assert e.health_seen[-1] == (503, "loading")
         r = e.client.post("/v1/completions", json={"prompt": "early", "max_tokens": 2})
         assert r.status_code == 503 and "loading" in r.json()["error"]["message"]

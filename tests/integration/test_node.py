@@ -25,6 +25,8 @@ from kubernetes import client
 from lookahead_dev.devcluster import DevCluster, DevClusterError, control_plane_binary, wait_for
 from lookahead_dev.node import GLOBAL_DIRS, DevNode, DevNodeError, image_archive, image_name, node_binary
 
+from .helpers import create_namespace
+
 pytestmark = pytest.mark.integration
 
 ENGINE_IMAGE = image_name("engine")
@@ -77,8 +79,7 @@ def env(real_node_holder):
 
 
 def _namespace(api, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    name = create_namespace(api, prefix)
     wait_for(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", name), 30,
              f"the default ServiceAccount in {name}", interval=0.1)
     return name
@@ -203,10 +204,9 @@ def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_
     """The canary the operator renders from the shell-form fleet above (its flags edited into the
     `sh -c` script, the script then run by a real shell in a real container) serves, as PID 1, with
     the lookahead flags, and actually speculates; the control renders without them."""
-    from lookahead_operator.controller import actions
-    from lookahead_operator.controller import builders
-    from lookahead_operator.engines import adapters as engines
-    from lookahead_operator.api.models import LookaheadPolicy
+    from lookahead_operator.controller import builders, roles
+    from lookahead_operator import engines
+    from lookahead_operator.api.policy import LookaheadPolicy
 
     api = env["api"]
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
@@ -220,7 +220,7 @@ def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_
     fleet = client.ApiClient().sanitize_for_serialization(apps.read_namespaced_deployment("engine", ns))
     made = {}
     for role in ("canary", "control"):
-        obj = builders.build_role_deployment(fleet, body, role, 1, actions.role_transform(spec, role, "reference"),
+        obj = builders.build_role_deployment(fleet, body, role, 1, roles.role_transform(spec, role, "reference"),
                                              engines.is_engine_container)
         obj["metadata"].pop("ownerReferences", None)  # no policy object here to own it
         script = obj["spec"]["template"]["spec"]["containers"][0]["command"][2]

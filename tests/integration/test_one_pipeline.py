@@ -46,15 +46,15 @@ from lookahead_canary.loadgen import Prompt
 from lookahead_operator.measurement import measure
 from lookahead_operator.measurement import prometheus as observations
 from lookahead_operator.cli.analyze import EngineProcess
-from lookahead_operator.engines.adapters import metric_names
-from lookahead_operator.measurement.statistics import Thresholds
+from lookahead_operator.engines import metric_names
+from lookahead_operator.measurement.stats import Thresholds
 
 pytestmark = pytest.mark.integration
 
 M = metric_names("reference")
 POLICY = ("pipeline-it", "one-pipeline")
 SOURCE = "one-pipeline"
-# A100 + Llama-3-8B roofline, as tests/e2e/test_lifecycle.py: lookahead cuts per-token latency at
+# A100 + Llama-3-8B roofline, as tests/e2e/helpers.py: lookahead cuts per-token latency at
 # batch 1 (memory-bound) and costs throughput at batch 16 (compute-bound)
 GOOD_GPU = {"gpu": "a100-80gb", "model": "llama-3-8b", "acceptance": 0.6, "noise_sigma": 0.03, "time_scale": 3}
 JACOBI = {"method": "jacobi", "window": 7, "ngram": 5, "guess_set": 7}
@@ -118,7 +118,7 @@ def engines(prometheus, tmp_path_factory):
         prometheus.set_targets([], source=SOURCE)
 
 
-async def _drive(urls: dict[str, str], c: int, prom_url: str) -> dict[str, list[observations.Snapshot]]:
+async def _drive(urls: dict[str, str], c: int, prom_url: str) -> dict[str, list[observations.EngineScrape]]:
     """Both engines under a closed loop of ``c`` requests at once; the engines' /metrics read at
     INTERVALS + 1 bounds while it runs, and the load kept on until Prometheus has scraped both past
     the last bound (so that its end sample is taken under the same load)."""
@@ -142,7 +142,7 @@ async def _drive(urls: dict[str, str], c: int, prom_url: str) -> dict[str, list[
             def full() -> bool:
                 return all(observations.scrape_engine(u, M).values.get(M.running, 0) >= c for u in urls.values())
             await asyncio.to_thread(wait_until, full, 30, f"both engines running {c} requests")
-            snaps: dict[str, list[observations.Snapshot]] = {role: [] for role in urls}
+            snaps: dict[str, list[observations.EngineScrape]] = {role: [] for role in urls}
             t_next = time.time()
             for _ in range(INTERVALS + 1):
                 await asyncio.sleep(max(0.0, t_next - time.time()))   # the sampling cadence itself

@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from lookahead_operator.cli import plugin
 from lookahead_dev.devcluster import free_port
 
+from .helpers import namespace_while_used
 from .test_crd import install_crd
 
 pytestmark = pytest.mark.integration
@@ -38,11 +39,7 @@ def crd(kube_api):
 
 @pytest.fixture(scope="module")
 def namespace(kube_api):
-    name = f"plugin-cli-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(kube_api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    core.delete_namespace(name)
+    yield from namespace_while_used(kube_api, "plugin-cli")
 
 
 @pytest.fixture(scope="module")

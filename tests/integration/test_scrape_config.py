@@ -20,9 +20,9 @@ the Pod objects as read back from the apiserver. The relabel rules then act on t
 labels as in a cluster.
 
 Values are then read back through the operator's own code (``measure.role_labels``,
-``observations.observe``) and compared with what the engines themselves counted.
+``observations.read_window``) and compared with what the engines themselves counted.
 
-The second test checks the DCGM selection of ``measure.preflight`` against the same real
+The second test checks the DCGM selection of ``measure.read_preflight`` against the same real
 Prometheus: a static exporter page in dcgm-exporter's format, scraped with ``honor_labels: false``
 as dcgm-exporter's Helm chart does, so the workload's labels arrive as ``exported_namespace`` /
 ``exported_pod``.
@@ -35,7 +35,6 @@ import http.server
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -48,15 +47,17 @@ import httpx
 import pytest
 import yaml
 
-from lookahead_dev.devcluster import documented_scrape_job, prometheus_binary
+from lookahead_dev.devcluster import documented_scrape_job, free_port, prometheus_binary
 from lookahead_operator.controller import builders
 from lookahead_operator.measurement import measure
 from lookahead_operator.measurement import prometheus as observations
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.cli.analyze import metrics_delta
-from lookahead_operator.engines.adapters import metric_names
-from lookahead_operator.api.models import LookaheadPolicySpec
+from lookahead_operator.engines import metric_names
+from lookahead_operator.api.spec import LookaheadPolicySpec
 from lookahead_operator.measurement.prometheus import State
+
+from .helpers import terminate, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -69,23 +70,6 @@ PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 # The reference engine exports vLLM's per-position counter (canary/metrics.py); until
 # engines.REFERENCE_METRICS declares it, read it under vLLM's name explicitly.
 M = dataclasses.replace(metric_names("reference"), accepted_per_position=PER_POS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def engine_metrics(port: int) -> dict[str, float]:
@@ -125,7 +109,7 @@ class PromProcess:
                     return r.status == 200
             except OSError:
                 return False
-        wait_for(ready, 60, "prometheus /-/ready")
+        wait_until(ready, 60, "prometheus /-/ready", interval=0.2)
 
     def client(self):
         from prometheus_api_client import PrometheusConnect
@@ -133,13 +117,7 @@ class PromProcess:
         return PrometheusConnect(url=self.url, disable_ssl=True)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 15)
         self.log.close()
 
 
@@ -161,13 +139,7 @@ class EngineProc:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 20)
         self.log.close()
 
 
@@ -281,7 +253,7 @@ def setup(devcluster, kube_api, tmp_path_factory):
                       "static_configs": [{"targets": [f"127.0.0.1:{dcgm.port}"],
                                           "labels": {"namespace": "gpu-operator", "pod": "dcgm-exporter-7xk2p"}}]}]}
         prom = PromProcess(config, work)
-        wait_for(lambda: all(e.ready() for e in engines.values()), 90, "engines healthy")
+        wait_until(lambda: all(e.ready() for e in engines.values()), 90, "engines healthy", interval=0.2)
         yield {"ns": ns, "prom": prom, "engines": engines, "dcgm": dcgm}
     finally:
         if prom is not None:
@@ -341,7 +313,7 @@ def test_documented_job_scrapes_operator_pods_with_every_label_the_queries_use(s
     def targets():
         res = client.custom_query(query='up{job="lookahead"} == 1')
         return res if len(res) >= 2 else None
-    up = wait_for(targets, 60, "the operator's pods to be discovered and scraped")
+    up = wait_until(targets, 60, "the operator's pods to be discovered and scraped", interval=0.2)
     by_pod = {r["metric"]["pod"]: r["metric"] for r in up}
     # exactly the canary and control pods: one target each, loadgen and the fleet pod dropped
     assert set(by_pod) == set(names.values()), by_pod
@@ -375,7 +347,7 @@ def test_documented_job_scrapes_operator_pods_with_every_label_the_queries_use(s
     for role in engines:
         labels = measure.role_labels((POLICY_NS, POLICY), role)
         observations.wait_scraped(prom.url, M, labels, after=end + 0.5, timeout=30)
-        o = observations.observe(prom.url, M, labels, start, end)
+        o = observations.read_window(prom.url, M, labels, start, end)
         d = metrics_delta(before[role], after[role])
         assert d[M.generation_tokens] == usage[role] > 0
         assert o.output_tokens.ok and o.output_tokens.value == d[M.generation_tokens], (role, o.output_tokens)
@@ -402,7 +374,7 @@ def test_documented_job_scrapes_operator_pods_with_every_label_the_queries_use(s
             assert o.acceptance_by_position == [] and o.acceptance_by_position_reason
 
     # a policy of the same name in another namespace selects nothing
-    other = observations.observe(prom.url, M, measure.role_labels(("elsewhere", POLICY), "canary"), start, end)
+    other = observations.read_window(prom.url, M, measure.role_labels(("elsewhere", POLICY), "canary"), start, end)
     assert other.output_tokens.state is State.MISSING and "no series" in other.output_tokens.reason
 
 
@@ -414,14 +386,14 @@ def test_preflight_reads_dcgm_scraped_with_honor_labels_false(setup):
     def exported():
         res = client.custom_query(query='DCGM_FI_PROF_DRAM_ACTIVE{job="dcgm-exporter"}')
         return res if len(res) == 2 and all("exported_pod" in r["metric"] for r in res) else None
-    series = wait_for(exported, 30, "the DCGM page scraped")
+    series = wait_until(exported, 30, "the DCGM page scraped", interval=0.2)
     for r in series:
         # honor_labels: false -- the exporter's pod labels won, the workload's were renamed
         assert r["metric"]["namespace"] == "gpu-operator" and r["metric"]["exported_namespace"] == ns
 
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}},
                                                "analysis": {"prometheus": {"url": prom.url}}})
-    result = measure.preflight(spec, [sm.Target(namespace=ns, name="chat")])
+    result = measure.read_preflight(spec, [sm.Target(namespace=ns, name="chat")])
     st = result.status
     assert st.signals["grEngineActive"] == pytest.approx(0.5)
     assert st.signals["dramActive"] == pytest.approx(0.4)

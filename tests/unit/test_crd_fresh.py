@@ -8,7 +8,8 @@ import sys
 import yaml
 
 from lookahead_dev import crdgen
-from lookahead_operator.api import models
+from lookahead_operator.api.names import VERSION
+from lookahead_operator.api.spec import LookaheadPolicySpec
 
 
 def test_committed_crd_is_fresh():
@@ -77,7 +78,7 @@ def test_crd_identity_and_columns():
     assert spec["scope"] == "Namespaced"
     assert spec["names"]["shortNames"] == ["lap"] and spec["names"]["plural"] == "lookaheadpolicies"
     version = spec["versions"][0]
-    assert version["name"] == models.VERSION and version["subresources"] == {"status": {}}
+    assert version["name"] == VERSION and version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Decision", "Crossover", "Wave", "Age"]
 
 
@@ -95,7 +96,7 @@ def test_cel_rules_are_cost_bounded():
 
 def test_spec_defaults_in_schema_match_the_models():
     props = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    defaults = models.LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"a": "b"}}}}).to_dict()
+    defaults = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"a": "b"}}}}).to_dict()
     for key in ("lookahead", "canary", "load", "analysis", "promotion"):
         assert props[key]["default"] == defaults[key], key
     assert props["engine"]["default"] == "auto" and props["paused"]["default"] is False

@@ -1,4 +1,4 @@
-"""Models: the LookaheadPolicy API (lookahead_operator.api.models: defaults, parsing, errors that
+"""Models: the LookaheadPolicy API (lookahead_operator.api: defaults, parsing, errors that
 name the field) and, in the second part, load_model (lookahead_canary.models)."""
 
 from __future__ import annotations
@@ -14,15 +14,9 @@ from pydantic import ValidationError
 
 from lookahead_canary.models import chat_prompt, eos_ids, load_model, smollm2_gguf_path
 
-from lookahead_operator.api.models import (
-    Condition,
-    LabelSelector,
-    LookaheadPolicy,
-    LookaheadPolicySpec,
-    LookaheadPolicyStatus,
-    Phase,
-    spec_error,
-)
+from lookahead_operator.api.policy import LookaheadPolicy
+from lookahead_operator.api.spec import LabelSelector, LookaheadPolicySpec, spec_error
+from lookahead_operator.api.status import Condition, LookaheadPolicyStatus, Phase
 from lookahead_canary.units import format_duration, parse_duration, parse_fraction, parse_percent
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-fleet.yaml"
@@ -163,7 +157,7 @@ def test_percent_values_are_fractions_written_back_as_percent_strings():
 
 
 def test_tail_latency_threshold_defaults_to_the_statistics_default_and_may_exceed_100_percent():
-    from lookahead_operator.measurement.statistics import DEFAULT_MAX_TAIL_LATENCY_REGRESSION
+    from lookahead_operator.measurement.stats import DEFAULT_MAX_TAIL_LATENCY_REGRESSION
 
     default = LookaheadPolicySpec.model_validate(MINIMAL).analysis
     assert default.max_tail_latency_regression == DEFAULT_MAX_TAIL_LATENCY_REGRESSION == 1.0
