@@ -140,6 +140,40 @@ def spec_positions(info: dict[str, str] | None) -> int:
     return 1
 
 
+# The engine's plain series: (attribute, vLLM's name, help[, buckets]). Counters are declared
+# without ``_total``, which prometheus_client appends in the exposition.
+_HISTOGRAMS: tuple[tuple[str, str, str, list[float]], ...] = (
+    ("itl", "vllm:inter_token_latency_seconds", "Inter-token latency in seconds, one observation per "
+     "token (a step that yields k tokens after dt observes dt/k k times).", PER_TOKEN_BUCKETS),
+    ("tpot", "vllm:request_time_per_output_token_seconds",
+     "Per request: decode time / (generated tokens - 1), in seconds.", PER_TOKEN_BUCKETS),
+    ("ttft", "vllm:time_to_first_token_seconds",
+     "Time from arrival to the first generated token, in seconds.", TTFT_BUCKETS),
+    ("e2e", "vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.",
+     REQUEST_LATENCY_BUCKETS),
+    ("prefill", "vllm:request_prefill_time_seconds",
+     "Time from scheduling to the first token (PREFILL phase), seconds.", REQUEST_LATENCY_BUCKETS),
+    ("decode", "vllm:request_decode_time_seconds",
+     "Time from the first to the last token (DECODE phase), seconds.", REQUEST_LATENCY_BUCKETS),
+    ("queue", "vllm:request_queue_time_seconds", "Time spent WAITING for a batch slot, seconds.",
+     REQUEST_LATENCY_BUCKETS),
+)
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("generation_tokens", "vllm:generation_tokens", "Number of generation tokens processed."),
+    ("prompt_tokens", "vllm:prompt_tokens", "Number of prefill tokens processed."),
+    ("spec_drafts", "vllm:spec_decode_num_drafts",
+     "Number of spec decoding drafts (one per sequence per speculative step)."),
+    ("spec_draft_tokens", "vllm:spec_decode_num_draft_tokens", "Number of draft tokens verified."),
+    ("spec_accepted_tokens", "vllm:spec_decode_num_accepted_tokens", "Number of draft tokens accepted."),
+)
+_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("running", "vllm:num_requests_running", "Number of requests in model execution batches."),
+    ("waiting", "vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+    ("kv_usage", "vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent. Stand-in: running "
+     "sequences / max-num-seqs (one dense cache per sequence)."),
+)
+
+
 class EngineMetrics:
     """The engine's Prometheus metrics in their own registry.
 
@@ -156,47 +190,12 @@ class EngineMetrics:
         lv = (model_name, engine)
         r = self.registry
 
-        def hist(name: str, doc: str, buckets: list[float]):
-            return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*lv)
-
-        def counter(name: str, doc: str):
-            return Counter(name, doc, LABELS, registry=r).labels(*lv)
-
-        def gauge(name: str, doc: str):
-            return Gauge(name, doc, LABELS, registry=r).labels(*lv)
-
-        self.itl = hist("vllm:inter_token_latency_seconds",
-                        "Inter-token latency in seconds, one observation per token "
-                        "(a step that yields k tokens after dt observes dt/k k times).",
-                        PER_TOKEN_BUCKETS)
-        self.tpot = hist("vllm:request_time_per_output_token_seconds",
-                         "Per request: decode time / (generated tokens - 1), in seconds.",
-                         PER_TOKEN_BUCKETS)
-        self.ttft = hist("vllm:time_to_first_token_seconds",
-                         "Time from arrival to the first generated token, in seconds.",
-                         TTFT_BUCKETS)
-        self.e2e = hist("vllm:e2e_request_latency_seconds",
-                        "End-to-end request latency in seconds.", REQUEST_LATENCY_BUCKETS)
-        self.prefill = hist("vllm:request_prefill_time_seconds",
-                            "Time from scheduling to the first token (PREFILL phase), seconds.",
-                            REQUEST_LATENCY_BUCKETS)
-        self.decode = hist("vllm:request_decode_time_seconds",
-                           "Time from the first to the last token (DECODE phase), seconds.",
-                           REQUEST_LATENCY_BUCKETS)
-        self.queue = hist("vllm:request_queue_time_seconds",
-                          "Time spent WAITING for a batch slot, seconds.",
-                          REQUEST_LATENCY_BUCKETS)
-
-        self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.spec_drafts = counter("vllm:spec_decode_num_drafts",
-                                   "Number of spec decoding drafts (one per sequence per "
-                                   "speculative step).")
-        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
-                                         "Number of draft tokens verified.")
-        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens",
-                                            "Number of draft tokens accepted.")
+        for attr, name, doc, buckets in _HISTOGRAMS:
+            setattr(self, attr, Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*lv))
+        for attr, name, doc in _COUNTERS:
+            setattr(self, attr, Counter(name, doc, LABELS, registry=r).labels(*lv))
+        for attr, name, doc in _GAUGES:
+            setattr(self, attr, Gauge(name, doc, LABELS, registry=r).labels(*lv))
         self._per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                 "Accepted tokens per draft position.", LABELS + (POSITION_LABEL,),
                                 registry=r)
@@ -206,14 +205,6 @@ class EngineMetrics:
                           LABELS + ("finished_reason",), registry=r)
         self.request_success = {reason: success.labels(model_name, engine, reason)
                                 for reason in FINISH_REASONS}
-
-        self.running = gauge("vllm:num_requests_running",
-                             "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting",
-                             "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
-                              "KV-cache usage, 1 means 100 percent. Stand-in: running "
-                              "sequences / max-num-seqs (one dense cache per sequence).")
 
         info = dict(info or {})
         info_labels = ("model_name", "engine") + tuple(k for k in info if k not in LABELS)

@@ -63,6 +63,11 @@ class ModelSpec:
         return self.params * self.bytes_per_param
 
 
+def _overridden(preset, **values):
+    """The preset with each value the config sets (not None) in place of the preset's."""
+    return dataclasses.replace(preset, **{k: v for k, v in values.items() if v is not None})
+
+
 # Datasheet numbers derated to what decode kernels reach in practice (~80% of HBM bandwidth,
 # ~60% of dense bf16 FLOPs). Approximate by design: the point is the shape, not the digits.
 GPU_PRESETS: dict[str, GpuSpec] = {
@@ -143,23 +148,13 @@ class SimConfig:
     # -- resolved hardware / model ---------------------------------------------------------
     @property
     def gpu_spec(self) -> GpuSpec:
-        base = GPU_PRESETS.get(self.gpu, GpuSpec(0.0, 0.0, 0.0))
-        return GpuSpec(
-            hbm_bandwidth=self.hbm_bandwidth if self.hbm_bandwidth is not None else base.hbm_bandwidth,
-            flops=self.flops if self.flops is not None else base.flops,
-            step_overhead_s=self.step_overhead_s if self.step_overhead_s is not None else base.step_overhead_s,
-        )
+        return _overridden(GPU_PRESETS.get(self.gpu, GpuSpec(0.0, 0.0, 0.0)), hbm_bandwidth=self.hbm_bandwidth,
+                           flops=self.flops, step_overhead_s=self.step_overhead_s)
 
     @property
     def model_spec(self) -> ModelSpec:
-        base = MODEL_PRESETS.get(self.model, ModelSpec(0.0, 2.0, 0.0))
-        return ModelSpec(
-            params=self.params if self.params is not None else base.params,
-            bytes_per_param=self.bytes_per_param if self.bytes_per_param is not None else base.bytes_per_param,
-            kv_bytes_per_token=(
-                self.kv_bytes_per_token if self.kv_bytes_per_token is not None else base.kv_bytes_per_token
-            ),
-        )
+        return _overridden(MODEL_PRESETS.get(self.model, ModelSpec(0.0, 2.0, 0.0)), params=self.params,
+                           bytes_per_param=self.bytes_per_param, kv_bytes_per_token=self.kv_bytes_per_token)
 
     def tokens_processed(self, speculate: bool) -> int:
         """Tokens each sequence feeds through the model in one step."""
