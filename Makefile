@@ -2,7 +2,7 @@
 PY ?= python3
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
-.PHONY: deps deps-python deps-system control-plane engines-venv node images prometheus test test-unit demo crds cluster-up cluster-down \
+.PHONY: lint-imports deps deps-python deps-system control-plane engines-venv node images prometheus test test-unit demo crds cluster-up cluster-down \
         bench-engine bench-decision bench-operator lint-chart soak
 
 deps: deps-system deps-python control-plane engines-venv node images prometheus
@@ -34,8 +34,14 @@ prometheus:
 crds:
 	$(PY) -m lookahead_dev.crdgen
 
+# Two workers: every test on the one real node runs in one of them, in order (tests/conftest.py
+# groups them), and everything else runs beside it in the other (pytest-xdist, --dist loadgroup).
 test: deps
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
+
+# the layer rules of docs/architecture.md (also checked inside `make test`: tests/unit/test_layers.py)
+lint-imports: deps-python
+	lint-imports --no-cache
 
 test-unit: deps-python
 	$(PY) -m pytest -q tests/unit

@@ -2,6 +2,10 @@
 
 All three are session-scoped: started once when a test first asks for them, stopped at the end.
 They never skip: when a binary is missing they fail with the command that builds or installs it.
+
+One real node per machine at a time: every test that starts one is put in the xdist group
+``node`` (``pytest -n 2 --dist loadgroup`` runs that group in one worker, one test after another,
+and everything else beside it in the other worker).
 """
 
 from __future__ import annotations
@@ -123,3 +127,28 @@ def pod_prometheus(devcluster, real_node_holder, tmp_path_factory):
         pytest.fail(f"could not start Prometheus with pod discovery: {failure}", pytrace=False)
     yield prom
     prom.stop()
+
+
+# What starts a real node: the session's (``real_node_holder``, behind ``real_node``, the
+# end-to-end operator and ``pod_prometheus``); test_node.py's module fixture ``env``, a DevCluster
+# and DevNode of its own; and `python -m lookahead_dev.devcluster up` in test_controlplane.py. The
+# last two also ask for ``real_node_holder`` (to stop the session's node first) but are named here
+# too, by (folder, file) and (folder, file, test), so that they stay in the group if that changes.
+NODE_FIXTURES = frozenset({"real_node_holder"})
+NODE_MODULES = frozenset({("integration", "test_node.py")})
+NODE_TESTS = frozenset({("integration", "test_controlplane.py", "test_cli_up_status_down")})
+
+
+def starts_a_real_node(item: pytest.Item) -> bool:
+    """Whether the test starts (or stops) a real node, the session's or one of its own."""
+    where = (item.path.parent.name, item.path.name)
+    return (where in NODE_MODULES or (*where, getattr(item, "originalname", item.name)) in NODE_TESTS
+            or not NODE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every test that starts a real node in the xdist group ``node``."""
+    for item in items:
+        if starts_a_real_node(item):
+            item.add_marker(pytest.mark.xdist_group("node"))
