@@ -46,7 +46,7 @@ def log_ratio_confidence_sequence(
         ok = (n_c >= 2) & (n_k >= 2) & (mean_c > 0) & (mean_k > 0) & np.isfinite(var_c) & np.isfinite(var_k)
         d = np.where(ok, np.log(mean_k) - np.log(mean_c), np.nan)
         # small-sample inflation of each arm's plug-in variance (1 + 3/n): at 10 samples a sample
-        # variance is often far too small; measured in tests/unit/test_statistics.py, this keeps
+        # variance is often far too small; measured in tests/unit/measurement/test_statistics.py, this keeps
         # the time-uniform miss rate under alpha from 10 samples per arm on
         v = var_k * (1.0 + 3.0 / n_k) / (n_k * mean_k**2) + var_c * (1.0 + 3.0 / n_c) / (n_c * mean_c**2)
         # a zero variance (identical samples) would make the interval a point; floor it at a

@@ -21,7 +21,7 @@ from lookahead_operator.controller.world import Observed, Target
 from lookahead_operator.api.policy import LookaheadPolicy
 from lookahead_operator.api.status import TERMINAL_PHASES, Decision, LookaheadPolicyStatus, Phase, Progress
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NS = "serving"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 

@@ -19,7 +19,7 @@ from lookahead_operator.api.spec import LabelSelector, LookaheadPolicySpec, spec
 from lookahead_operator.api.status import Condition, LookaheadPolicyStatus, Phase
 from lookahead_canary.units import format_duration, parse_duration, parse_fraction, parse_percent
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "chat-fleet.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "chat-fleet.yaml"
 MINIMAL = {"targets": {"selector": {"matchLabels": {"app": "llm-chat"}}}}
 
 

@@ -22,7 +22,7 @@ from lookahead_operator.api.status import (
 from lookahead_operator.controller.world import ActionKind as K
 from lookahead_operator.controller.world import Observed, ReadError, Target
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "chat-fleet.yaml"
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
