@@ -114,6 +114,17 @@ def owner_reference(policy: dict) -> dict:
     }
 
 
+def owned_metadata(policy: dict, name: str, namespace: str, labels: dict, annotations: dict | None = None) -> dict:
+    """The metadata of an object we create for ``policy``: owned by it (garbage-collected with it)
+    where Kubernetes allows, in the policy's own namespace; elsewhere the finalizer cleans up."""
+    meta: dict = {"name": name, "namespace": namespace, "labels": labels}
+    if annotations:
+        meta["annotations"] = annotations
+    if policy["metadata"].get("namespace") == namespace:
+        meta["ownerReferences"] = [owner_reference(policy)]
+    return meta
+
+
 def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
                           transform: ContainerTransform, is_engine: Callable[[dict], bool],
                           metrics_port: int | None = None, metrics_path: str = "/metrics") -> dict:
@@ -143,15 +154,10 @@ def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
     annotations.update({"prometheus.io/scrape": "true", "prometheus.io/path": metrics_path,
                         "prometheus.io/port": str(port)})
     tmeta["annotations"] = annotations
-    meta = {
-        "name": role_deployment_name(policy_name, role, policy["metadata"].get("namespace"),
-                                     target_meta["namespace"]),
-        "namespace": target_meta["namespace"],
-        "labels": labels,
-        "annotations": {ANNOTATION_SOURCE: f"{target_meta['namespace']}/{target_meta['name']}"},
-    }
-    if policy["metadata"].get("namespace") == target_meta["namespace"]:
-        meta["ownerReferences"] = [owner_reference(policy)]
+    meta = owned_metadata(policy, role_deployment_name(policy_name, role, policy["metadata"].get("namespace"),
+                                                       target_meta["namespace"]),
+                          target_meta["namespace"], labels,
+                          {ANNOTATION_SOURCE: f"{target_meta['namespace']}/{target_meta['name']}"})
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -208,10 +214,8 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
             "--prompts", prompts_arg, "--json"]
     if model:
         args += ["--model", model]
-    meta = {"name": owned_name(policy["metadata"].get("namespace"), policy_name, namespace, f"r{run}", f"s{step}", role),
-            "namespace": namespace, "labels": labels}
-    if policy["metadata"].get("namespace") == namespace:
-        meta["ownerReferences"] = [owner_reference(policy)]
+    meta = owned_metadata(policy, owned_name(policy["metadata"].get("namespace"), policy_name, namespace, f"r{run}",
+                                             f"s{step}", role), namespace, labels)
     container = {
         "name": "loadgen",
         "image": image,
@@ -261,10 +265,8 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
         {"sourceLabels": [f"__meta_kubernetes_pod_label_lookahead_dev_{k}"], "targetLabel": f"lookahead_dev_{k}"}
         for k in ("role", "policy", "policy_namespace", "target")
     ] + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
-    meta = {"name": owned_name(policy["metadata"].get("namespace"), policy_name, namespace), "namespace": namespace,
-            "labels": {**policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY}}
-    if policy["metadata"].get("namespace") == namespace:
-        meta["ownerReferences"] = [owner_reference(policy)]
+    meta = owned_metadata(policy, owned_name(policy["metadata"].get("namespace"), policy_name, namespace), namespace,
+                          {**policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY})
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",

@@ -15,16 +15,8 @@ from lookahead_canary import specconfig
 from lookahead_operator.api.metric_names import REFERENCE_METRICS
 from lookahead_operator.api.spec import reference_engine_config
 from lookahead_operator.engines.argv import edit_container, remove_flag, set_flag
-from lookahead_operator.engines.base import (
-    Detection,
-    EngineAdapter,
-    EngineError,
-    EngineSetup,
-    Launcher,
-    LookaheadParams,
-    lookahead_params,
-    regime_max_batch,
-)
+from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
+    LookaheadParams, lookahead_params, regime_max_batch)
 
 NAME = "reference"
 LAUNCHER = Launcher(executable="lookahead-engine", modules=("lookahead_canary.server",))
@@ -79,16 +71,9 @@ def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int
     return {_SPEC: json.loads(reference_speculative_config(p)), _MAX_BATCH: max_batch_size}
 
 
+# checked before every other engine: its command mentions no other engine's name
 ADAPTER = EngineAdapter(
-    name=NAME,
-    # checked before every other engine: its command mentions no other engine's name
-    detection=Detection(re.compile(r"lookahead[_-]canary\.server|lookahead-engine|lookahead-rollout[^\s]*engine"),
-                        order=0, launcher=LAUNCHER),
-    checked_version=None,
-    metrics=REFERENCE_METRICS,
-    problems=problems,
-    render_on=render_lookahead,
-    render_off=render_off,
-    regime_config=regime_config,
-    version_from_image_tag=False,
-)
+    NAME, Detection(re.compile(r"lookahead[_-]canary\.server|lookahead-engine|lookahead-rollout[^\s]*engine"),
+                    order=0, launcher=LAUNCHER),
+    checked_version=None, metrics=REFERENCE_METRICS, problems=problems, render_on=render_lookahead,
+    render_off=render_off, regime_config=regime_config, version_from_image_tag=False)

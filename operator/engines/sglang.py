@@ -19,16 +19,8 @@ from lookahead_operator.engines.argv import (
     int_or_none,
     remove_flag,
 )
-from lookahead_operator.engines.base import (
-    Detection,
-    EngineAdapter,
-    EngineError,
-    EngineSetup,
-    Launcher,
-    LookaheadParams,
-    lookahead_params,
-    regime_max_batch,
-)
+from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
+    LookaheadParams, lookahead_params, regime_max_batch)
 from lookahead_operator.engines.versions import EngineVersion, engine_version, format_version
 
 NAME = "sglang"
@@ -158,13 +150,6 @@ def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int
     raise EngineError("SGLang has no per-batch-size speculation switch; regime-aware promotion is not possible")
 
 
-ADAPTER = EngineAdapter(
-    name=NAME,
-    detection=Detection(re.compile(r"sglang"), order=2, launcher=LAUNCHER),
-    checked_version="0.5.23",
-    metrics=SGLANG_METRICS,
-    problems=problems,
-    render_on=render_lookahead,
-    render_off=render_off,
-    regime_config=regime_config,
-)
+ADAPTER = EngineAdapter(NAME, Detection(re.compile(r"sglang"), order=2, launcher=LAUNCHER), checked_version="0.5.23",
+                        metrics=SGLANG_METRICS, problems=problems, render_on=render_lookahead,
+                        render_off=render_off, regime_config=regime_config)

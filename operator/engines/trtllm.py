@@ -15,17 +15,8 @@ from typing import Any, Mapping
 
 from lookahead_operator.api.metric_names import TRTLLM_METRICS
 from lookahead_operator.engines.argv import container_argv, edit_container, flag_value, remove_flag
-from lookahead_operator.engines.base import (
-    Detection,
-    EngineAdapter,
-    EngineError,
-    EngineSetup,
-    Launcher,
-    LookaheadParams,
-    lookahead_params,
-    pod_spec,
-    regime_max_batch,
-)
+from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
+    LookaheadParams, lookahead_params, pod_spec, regime_max_batch)
 from lookahead_operator.engines.versions import engine_version, format_version
 
 NAME = "trtllm"
@@ -244,14 +235,6 @@ def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int
     return {"speculative_config": trtllm_speculative_config(p, max_batch_size)}
 
 
-ADAPTER = EngineAdapter(
-    name=NAME,
-    detection=Detection(re.compile(r"trtllm-serve|tensorrt[-_]llm"), order=1, launcher=LAUNCHER),
-    checked_version="1.2.1",
-    metrics=TRTLLM_METRICS,
-    problems=problems,
-    render_on=render_lookahead,
-    render_off=render_off,
-    regime_config=regime_config,
-    edits_command_line=False,
-)
+ADAPTER = EngineAdapter(NAME, Detection(re.compile(r"trtllm-serve|tensorrt[-_]llm"), order=1, launcher=LAUNCHER),
+                        checked_version="1.2.1", metrics=TRTLLM_METRICS, problems=problems, render_on=render_lookahead,
+                        render_off=render_off, regime_config=regime_config, edits_command_line=False)

@@ -18,16 +18,8 @@ from typing import Any, Mapping
 
 from lookahead_operator.api.metric_names import VLLM_METRICS
 from lookahead_operator.engines.argv import container_argv, edit_container, env_value, int_or_none
-from lookahead_operator.engines.base import (
-    Detection,
-    EngineAdapter,
-    EngineError,
-    EngineSetup,
-    Launcher,
-    LookaheadParams,
-    lookahead_params,
-    regime_max_batch,
-)
+from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
+    LookaheadParams, lookahead_params, regime_max_batch)
 from lookahead_operator.engines.versions import engine_version, format_version
 
 NAME = "vllm"
@@ -239,13 +231,6 @@ def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int
     return {_SPEC: json.loads(_spec_json(p, max_batch_size, engine_max_batch or VLLM_DEFAULT_MAX_BATCH))}
 
 
-ADAPTER = EngineAdapter(
-    name=NAME,
-    detection=Detection(re.compile(r"vllm"), order=3, launcher=LAUNCHER),
-    checked_version="0.33.0",
-    metrics=VLLM_METRICS,
-    problems=problems,
-    render_on=render_lookahead,
-    render_off=render_off,
-    regime_config=regime_config,
-)
+ADAPTER = EngineAdapter(NAME, Detection(re.compile(r"vllm"), order=3, launcher=LAUNCHER), checked_version="0.33.0",
+                        metrics=VLLM_METRICS, problems=problems, render_on=render_lookahead,
+                        render_off=render_off, regime_config=regime_config)
