@@ -230,8 +230,9 @@ def read_preflight(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget],
 
 def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget], now: float) -> dict[str, Any]:
     """``preflight.screen``'s input from the targets' pods (engine series by ``namespace``/``pod``,
-    GPU series by either label pair), GPU_UTIL as a fraction. The window closes where every engine
-    series has been scraped. TTFT share is left out: the runtime preflight has never screened on it."""
+    GPU series by either label pair), GPU_UTIL as a fraction. The engines' window closes where every
+    engine series has been scraped; the GPU gauges are read up to now (dcgm-exporter is scraped on
+    its own schedule, possibly after the engines' last sample). TTFT share is left out: the runtime preflight has never screened on it."""
     prom = _prom(spec)
     names = metric_names(targets[0].engine or "reference")
     namespaces = sorted({t.namespace for t in targets})
@@ -240,7 +241,7 @@ def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetT
     scraped = prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
     end = min(now, scraped) if scraped is not None else now
     fleet = prometheus.fleet_signals(prom, names, {}, end - PREFLIGHT_WINDOW_S, end, namespace=namespaces,
-                                       pods=pods, deployments=True, engine_by_pod=True, now=now)
+                                       pods=pods, deployments=True, engine_by_pod=True, now=now, gauges_until=now)
     signals = {k: v for k, v in fleet.preflight_signals().items() if k != "ttft_share"}
     if signals.get("gpu_util") is not None:
         signals["gpu_util"] /= 100.0   # dcgm-exporter's GPU_UTIL is a percentage

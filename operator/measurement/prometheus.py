@@ -1115,7 +1115,8 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
                   start: float, end: float, *, namespace: str | Sequence[str] | None = None,
                   pods: Sequence[str] | None = None, deployments: bool = False, engine_by_pod: bool = False,
                   dcgm_labels: Mapping[str, str] | None = None, min_requests: int = DEFAULT_MIN_REQUESTS,
-                  lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None) -> FleetSignals:
+                  lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None,
+                  gauges_until: float | None = None) -> FleetSignals:
     """Preflight signals for a fleet: prefill vs decode time, running-request quantiles (for
     ``batchSizes: auto``), and the DCGM counters of ``preflight.DCGM_SIGNALS`` (DRAM, GR engine,
     SM, SM occupancy and tensor-pipe activity, GPU_UTIL).
@@ -1127,7 +1128,8 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
     false``, as its Helm chart does); with none of these given, by ``selector_labels``. Engine
     series are selected by ``selector_labels`` (and, with ``engine_by_pod``, by the same
     ``namespace`` / ``pod`` match). Profiling counters are fractions 0..1; GPU_UTIL is a
-    percentage and is reported but means kernel residency, not spare compute.
+    percentage and is reported but means kernel residency, not spare compute. ``gauges_until``: the
+    DCGM window's end where it differs from the engines' ``end`` (the exporter's own scrapes).
     """
     m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
     window = dict(lookback_s=lookback_s, now=now)
@@ -1139,11 +1141,12 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
         ("ttft", m.ttft, "TTFT"), ("e2e", m.e2e, "end-to-end latency"),
         ("ptl", m.per_token_latency, "per-token latency"))}
     qs = _running_quantiles(r, m)
+    gpu_end = end if gauges_until is None else gauges_until
     if namespace or pods:
         matches = [pod_match(ns, pod, namespace, pods, deployments, dcgm_labels) for ns, pod in DCGM_POD_LABELS]
-        readers = [_Reader(prom, labels, start, end, regex=regex or None, **window) for labels, regex in matches]
+        readers = [_Reader(prom, labels, start, gpu_end, regex=regex or None, **window) for labels, regex in matches]
     else:
-        readers = [_Reader(prom, dict(dcgm_labels or selector_labels), start, end, **window)]
+        readers = [_Reader(prom, dict(dcgm_labels or selector_labels), start, gpu_end, **window)]
     dcgm, by_pod, notes = _dcgm_signals(readers)
     return FleetSignals(start=start, end=end, engine=m.engine, prefill_time_s=means["prefill"],
                         decode_time_s=means["decode"], ttft_s=means["ttft"], e2e_s=means["e2e"],
