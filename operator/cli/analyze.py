@@ -882,7 +882,7 @@ def main(args) -> int:
         cfg = config_from_args(args)
         engines.lookahead_params(cfg.lookahead)
     except (ValueError, engines.EngineError) as exc:
-        console.print(f"[red]analyze: {exc}")
+        console.print(f"analyze: {exc}", style="red", soft_wrap=True, markup=False)   # one line, never wrapped
         return 2
 
     def log(msg: str) -> None:
@@ -895,7 +895,7 @@ def main(args) -> int:
     try:
         result = run_analysis(cfg, log)
     except (AnalyzeError, loadgen.LoadgenError, OSError) as exc:
-        console.print(f"[red]analyze failed: {exc}")
+        console.print(f"analyze failed: {exc}", style="red", soft_wrap=True, markup=False)
         return 1
     data = report.write_report(result, cfg.out)
     report.print_summary(data, console)

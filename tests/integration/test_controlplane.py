@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -163,7 +165,7 @@ def test_prometheus_scrapes_a_target_and_answers_queries(prometheus):
         thread.join(timeout=5)
 
 
-def test_cli_up_status_down(tmp_path, real_node_holder):
+def test_cli_up_status_down(real_node_holder):
     """`python -m lookahead_dev.devcluster up|status|down`, as `make cluster-up` and `make
     cluster-down` run it: the control plane, a real node running a Pod, Prometheus discovering it;
     and after `down`, nothing left on the machine (the node checks itself: processes, mounts,
@@ -176,7 +178,10 @@ def test_cli_up_status_down(tmp_path, real_node_holder):
     real_node_holder.stop()  # one real node per machine at a time
     from kubernetes import config
 
-    state = tmp_path / "cluster"
+    # A short state folder, not tmp_path: containerd's sockets live under it and a unix socket path
+    # is at most 104 bytes (pytest-xdist's tmp_path adds a popen-gwN level and crosses it).
+    short = Path(tempfile.mkdtemp(prefix="lr-cli-"))
+    state = short / "cluster"
     cli = [sys.executable, "-m", "lookahead_dev.devcluster", "--state-dir", str(state)]
     up = subprocess.run([*cli[:3], "up", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=180)
     try:
@@ -211,6 +216,8 @@ def test_cli_up_status_down(tmp_path, real_node_holder):
         assert len(pids) == 5
     finally:
         down = subprocess.run([*cli[:3], "down", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=200)
+        if not state.exists():   # down removed the state; its short parent folder goes too
+            shutil.rmtree(short, ignore_errors=True)
     assert down.returncode == 0, down.stderr
     assert not state.exists()
     from lookahead_canary.process import pid_alive
