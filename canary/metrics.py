@@ -181,6 +181,23 @@ class EngineMetrics:
     are declared without it; the exposed names are exactly vLLM's.
     """
 
+    # the series of _HISTOGRAMS, _COUNTERS and _GAUGES, as the scheduler and server use them
+    itl: Histogram
+    tpot: Histogram
+    ttft: Histogram
+    e2e: Histogram
+    prefill: Histogram
+    decode: Histogram
+    queue: Histogram
+    generation_tokens: Counter
+    prompt_tokens: Counter
+    spec_drafts: Counter
+    spec_draft_tokens: Counter
+    spec_accepted_tokens: Counter
+    running: Gauge
+    waiting: Gauge
+    kv_usage: Gauge
+
     def __init__(self, model_name: str, engine: str = "0", max_num_seqs: int = 1,
                  info: dict[str, str] | None = None):
         self.registry = CollectorRegistry(auto_describe=True)

@@ -129,26 +129,12 @@ def pod_prometheus(devcluster, real_node_holder, tmp_path_factory):
     prom.stop()
 
 
-# What starts a real node: the session's (``real_node_holder``, behind ``real_node``, the
-# end-to-end operator and ``pod_prometheus``); test_node.py's module fixture ``env``, a DevCluster
-# and DevNode of its own; and `python -m lookahead_dev.devcluster up` in test_controlplane.py. The
-# last two also ask for ``real_node_holder`` (to stop the session's node first) but are named here
-# too, by (folder, file) and (folder, file, test), so that they stay in the group if that changes.
-NODE_FIXTURES = frozenset({"real_node_holder"})
-NODE_MODULES = frozenset({("integration", "test_node.py")})
-NODE_TESTS = frozenset({("integration", "test_controlplane.py", "test_cli_up_status_down")})
-
-
-def starts_a_real_node(item: pytest.Item) -> bool:
-    """Whether the test starts (or stops) a real node, the session's or one of its own."""
-    where = (item.path.parent.name, item.path.name)
-    return (where in NODE_MODULES or (*where, getattr(item, "originalname", item.name)) in NODE_TESTS
-            or not NODE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())))
-
-
+# Every test that starts or stops a real node asks for ``real_node_holder``: the session's node
+# (behind ``real_node``, the end-to-end operator and ``pod_prometheus``), and the two that stop it to
+# start their own (test_node.py's module fixture ``env``, `devcluster up` in test_controlplane.py).
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every test that starts a real node in the xdist group ``node``."""
+    """Put every test that uses the real node in the xdist group ``node``."""
     for item in items:
-        if starts_a_real_node(item):
+        if "real_node_holder" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("node"))

@@ -157,3 +157,20 @@ def test_per_position_count_from_the_engine_config():
     assert value(greedy, name, position="0") == 0    # the family is there, as the other spec counters are
     with pytest.raises(KeyError):
         value(greedy, name, position="1")
+
+
+def test_every_series_of_the_tables_is_a_typed_attribute():
+    """EngineMetrics creates its plain series from the _HISTOGRAMS, _COUNTERS and _GAUGES tables;
+    its class annotations name each with its type, so a series added to a table without one (or
+    the other way round) is caught here."""
+    import typing
+
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from lookahead_canary import metrics
+
+    declared = {**{a: Histogram for a, *_ in metrics._HISTOGRAMS}, **{a: Counter for a, *_ in metrics._COUNTERS},
+                **{a: Gauge for a, *_ in metrics._GAUGES}}
+    assert typing.get_type_hints(metrics.EngineMetrics) == declared
+    em = metrics.EngineMetrics("m")
+    assert all(hasattr(em, a) for a in declared)
