@@ -17,7 +17,7 @@ per-token latency is `lat_ratio` times the control's and its mean throughput `tp
 both arms: a per-token latency (NaN when the window finished no token) and a throughput (0 in a
 stall) per arm. Every method reads the same streams, from the start, as many windows as it wants:
 
-- ``ours``: `statistics.PairedComparison` (paired confidence sequences: mean log-ratio for latency,
+- ``ours``: `stats.PairedComparison` (paired confidence sequences: mean log-ratio for latency,
   ratio of sums for throughput) and the outcome rule of `decision.BatchComparison` (Regresses / Wins /
   NoGain), looked at after every window from 10 pairs on; a step still unsettled at its 18th window
   measures on, as the operator does, to the end of its equal share of the deadline counted from the

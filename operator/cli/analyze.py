@@ -14,7 +14,7 @@ the per-token-latency histogram's sum, count and buckets, the spec-decode counte
 ``prometheus.Increments`` the operator reads from Prometheus for one sample window. Round i of
 both roles is one pair (``prometheus.paired_sample``): per-token latency (histogram sum / count)
 and throughput (generated tokens / the time between the reads) for each role. The pairs go to the
-operator's ``measure.paired_verdict`` (the paired anytime-valid tests, ``statistics.PairedComparison``,
+operator's ``measure.paired_verdict`` (the paired anytime-valid tests, ``stats.PairedComparison``,
 and the tail veto from the summed buckets), so machine drift slower than a round (another
 process starting, thermal or frequency changes) lands on both roles and cancels in their ratio.
 A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or when its
@@ -404,7 +404,7 @@ class BatchResult:
     batch_size: int
     control: RoleMeasurement
     canary: RoleMeasurement
-    latency: Any = None       # statistics.ComparisonResult
+    latency: Any = None       # stats.ComparisonResult
     throughput: Any = None
     verdict: Any = None       # verdict.BatchComparison
     outcome: str = "Pending"
@@ -542,7 +542,7 @@ class AnalyzeResult:
                                 "rounds (statistics.compare_tail_latency): a veto"),
                 "statistics": ("paired: round i of the control and of the canary form one pair "
                                "(prometheus.paired_sample); anytime-valid confidence sequences on the pairs "
-                               "(statistics.PairedComparison) and the tail veto, by the operator's own "
+                               "(stats.PairedComparison) and the tail veto, by the operator's own "
                                "measure.paired_verdict, each test at its share of the decision's confidence"),
                 "clientCheck": ("the load generator's own per-token latency (usage-counted) and tokens/s are "
                                 "kept per role (clientPerTokenMs, clientTokensPerSecond) as a cross-check"),
