@@ -49,7 +49,7 @@ def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
 
 # --- Prometheus ----------------------------------------------------------------------------------
 
-#: What a failed Prometheus read raises; the handler turns these into ``statemachine.ReadError``.
+#: What a failed Prometheus read raises; the handler turns these into ``controller.world.ReadError``.
 READ_ERRORS: tuple[type[BaseException], ...] = (prometheus.ObservationError, OSError, TimeoutError)
 
 
@@ -232,7 +232,7 @@ def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetT
     """``preflight.screen``'s input from the targets' pods (engine series by ``namespace``/``pod``,
     GPU series by either label pair), GPU_UTIL as a fraction. The engines' window closes where every
     engine series has been scraped; the GPU gauges are read up to now (dcgm-exporter is scraped on
-    its own schedule, possibly after the engines' last sample). TTFT share is left out: the runtime preflight has never screened on it."""
+    its own schedule, possibly after the engines' last sample)."""
     prom = _prom(spec)
     names = metric_names(targets[0].engine or "reference")
     namespaces = sorted({t.namespace for t in targets})
@@ -240,9 +240,12 @@ def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetT
     labels, regex = prometheus.pod_match("namespace", "pod", namespaces, pods, deployments=True)
     scraped = prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
     end = min(now, scraped) if scraped is not None else now
-    fleet = prometheus.fleet_signals(prom, names, {}, end - PREFLIGHT_WINDOW_S, end, namespace=namespaces,
-                                       pods=pods, deployments=True, engine_by_pod=True, now=now, gauges_until=now)
-    signals = {k: v for k, v in fleet.preflight_signals().items() if k != "ttft_share"}
+    # prefill and decode are what the preflight screens on (the runtime preflight never read TTFT
+    # share); a pod replaced inside the window counts up to its last sample
+    fleet = prometheus.fleet_signals(prom, names, labels, end - PREFLIGHT_WINDOW_S, end, namespace=namespaces,
+                                     pods=pods, deployments=True, regex=regex, now=now, gauges_until=now,
+                                     histograms=("prefill", "decode"), count_ended=True)
+    signals = fleet.preflight_signals()
     if signals.get("gpu_util") is not None:
         signals["gpu_util"] /= 100.0   # dcgm-exporter's GPU_UTIL is a percentage
     return signals

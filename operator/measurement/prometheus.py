@@ -55,6 +55,7 @@ import math
 import re
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -520,10 +521,15 @@ def _counter_increase(pts: Series, t0: float, t1: float) -> tuple[float, tuple[f
     return inc, base if base else (seg[0][0], 0.0), end, born
 
 
-def _delta(all_series: Mapping[tuple, Series], t0: float, t1: float) -> _Delta:
+def _delta(all_series: Mapping[tuple, Series], t0: float, t1: float, count_ended: bool = False) -> _Delta:
+    """Reset-aware increases over [t0, t1], summed over series. A series with no sample at or after
+    t1 is not scraped yet (``unscraped``), unless ``count_ended``: then it ended before t1 (its pod
+    went away) and counts up to its last sample."""
     d = _Delta()
     for pts in all_series.values():
         inc, base, end, born = _counter_increase(pts, t0, t1)
+        if end is None and count_ended and pts:
+            inc, base, end, born = _counter_increase(pts, t0, pts[-1][0])
         d.series += 1
         if end is None:
             d.unscraped += 1
@@ -541,9 +547,10 @@ class _Reader:
 
     def __init__(self, prom: Any, labels: Mapping[str, str], start: float, end: float,
                  lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None,
-                 regex: Mapping[str, str] | None = None):
+                 regex: Mapping[str, str] | None = None, count_ended: bool = False):
         self.prom = _client(prom)
         self.sel = selector(labels, regex)
+        self.count_ended = count_ended   # see _delta
         self.start = start
         self.end = end
         self.since = start - lookback_s
@@ -560,7 +567,18 @@ class _Reader:
         s = self.series(metric)
         if not s:
             return None
-        return _delta(s, self.start if t0 is None else t0, self.end if t1 is None else t1)
+        return _delta(s, self.start if t0 is None else t0, self.end if t1 is None else t1, self.count_ended)
+
+    def prefetch(self, metrics: Iterable[str | None]) -> None:
+        """Fetch ``metrics`` at once (one request each, in parallel): the answers are cached for
+        ``series``; the first failure is raised, as ``series`` would raise it."""
+        todo = [mt for mt in dict.fromkeys(metrics) if mt and mt not in self._cache]
+        if len(todo) < 2:
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            for metric, got in zip(todo, pool.map(lambda mt: raw_samples(self.prom, mt, self.sel, self.since,
+                                                                         self.until), todo)):
+                self._cache[metric] = got
 
     def gauge_points(self, metric: str) -> dict[tuple, list[float]]:
         out = {}
@@ -1111,12 +1129,17 @@ def _dcgm_signals(readers: Sequence[_Reader]) -> tuple[dict[str, Measured], dict
     return dcgm, by_pod, notes
 
 
+#: The latency histograms fleet_signals can read, by key: prefill, decode, TTFT, end-to-end, per-token.
+FLEET_HISTOGRAMS: tuple[str, ...] = ("prefill", "decode", "ttft", "e2e", "ptl")
+
+
 def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
                   start: float, end: float, *, namespace: str | Sequence[str] | None = None,
-                  pods: Sequence[str] | None = None, deployments: bool = False, engine_by_pod: bool = False,
-                  dcgm_labels: Mapping[str, str] | None = None, min_requests: int = DEFAULT_MIN_REQUESTS,
-                  lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None,
-                  gauges_until: float | None = None) -> FleetSignals:
+                  pods: Sequence[str] | None = None, deployments: bool = False,
+                  regex: Mapping[str, str] | None = None, dcgm_labels: Mapping[str, str] | None = None,
+                  min_requests: int = DEFAULT_MIN_REQUESTS, lookback_s: float = DEFAULT_LOOKBACK_S,
+                  now: float | None = None, gauges_until: float | None = None,
+                  histograms: Sequence[str] = FLEET_HISTOGRAMS, count_ended: bool = False) -> FleetSignals:
     """Preflight signals for a fleet: prefill vs decode time, running-request quantiles (for
     ``batchSizes: auto``), and the DCGM counters of ``preflight.DCGM_SIGNALS`` (DRAM, GR engine,
     SM, SM occupancy and tensor-pipe activity, GPU_UTIL).
@@ -1126,27 +1149,33 @@ def fleet_signals(prom: Any, engine_metrics: MetricNames | str, selector_labels:
     ``name-.*``) -- and, as a second selector whose series are merged in, ``exported_namespace`` /
     ``exported_pod`` (the same labels when Prometheus scraped the exporter with ``honorLabels:
     false``, as its Helm chart does); with none of these given, by ``selector_labels``. Engine
-    series are selected by ``selector_labels`` (and, with ``engine_by_pod``, by the same
-    ``namespace`` / ``pod`` match). Profiling counters are fractions 0..1; GPU_UTIL is a
-    percentage and is reported but means kernel residency, not spare compute. ``gauges_until``: the
-    DCGM window's end where it differs from the engines' ``end`` (the exporter's own scrapes).
+    series are selected by ``selector_labels`` and ``regex``. Profiling counters are fractions 0..1;
+    GPU_UTIL is a percentage and is reported but means kernel residency, not spare compute.
+    ``gauges_until``: the DCGM window's end where it differs from the engines' ``end`` (the
+    exporter's own scrapes). ``histograms``: which of ``FLEET_HISTOGRAMS`` to read (the others are
+    missing, "not read"). ``count_ended``: an engine series that stopped before ``end`` (its pod went
+    away) counts up to its last sample instead of making its signal missing. Every series is
+    fetched at once, one request per metric and selector, in parallel.
     """
     m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
     window = dict(lookback_s=lookback_s, now=now)
-    labels, regex = pod_match("namespace", "pod", namespace, pods, deployments, selector_labels) \
-        if engine_by_pod else (dict(selector_labels), {})
-    r = _Reader(prom, labels, start, end, regex=regex or None, **window)
-    means = {key: _histogram_mean(r, base, "s", min_requests, what) for key, base, what in (
-        ("prefill", m.prefill_time, "prefill time"), ("decode", m.decode_time, "decode time"),
-        ("ttft", m.ttft, "TTFT"), ("e2e", m.e2e, "end-to-end latency"),
-        ("ptl", m.per_token_latency, "per-token latency"))}
-    qs = _running_quantiles(r, m)
+    r = _Reader(prom, selector_labels, start, end, regex=regex, count_ended=count_ended, **window)
+    bases = {"prefill": (m.prefill_time, "prefill time"), "decode": (m.decode_time, "decode time"),
+             "ttft": (m.ttft, "TTFT"), "e2e": (m.e2e, "end-to-end latency"),
+             "ptl": (m.per_token_latency, "per-token latency")}
     gpu_end = end if gauges_until is None else gauges_until
     if namespace or pods:
         matches = [pod_match(ns, pod, namespace, pods, deployments, dcgm_labels) for ns, pod in DCGM_POD_LABELS]
-        readers = [_Reader(prom, labels, start, gpu_end, regex=regex or None, **window) for labels, regex in matches]
+        readers = [_Reader(prom, lb, start, gpu_end, regex=rx or None, **window) for lb, rx in matches]
     else:
         readers = [_Reader(prom, dict(dcgm_labels or selector_labels), start, gpu_end, **window)]
+    engine_series = [m.running] + [f"{bases[k][0]}_{part}" for k in histograms if bases[k][0] for part in ("sum", "count")]
+    with ThreadPoolExecutor(max_workers=1 + len(readers)) as pool:
+        list(pool.map(lambda job: job[0].prefetch(job[1]),
+                      [(r, engine_series)] + [(d, DCGM_METRICS.values()) for d in readers]))
+    means = {key: _histogram_mean(r, base, "s", min_requests, what) if key in histograms
+             else Measured.missing("not read") for key, (base, what) in bases.items()}
+    qs = _running_quantiles(r, m)
     dcgm, by_pod, notes = _dcgm_signals(readers)
     return FleetSignals(start=start, end=end, engine=m.engine, prefill_time_s=means["prefill"],
                         decode_time_s=means["decode"], ttft_s=means["ttft"], e2e_s=means["e2e"],

@@ -58,7 +58,7 @@ class BatchComparison:
         """One row of the policy's `status.batches` (assumes latency samples in seconds).
 
         Numbers are stored at full precision: the decision is rebuilt from these rows after a
-        restart (`from_status`, or ``measure.comparison_from_row``) and must come out the same as the
+        restart (`from_status`, or ``measure.verdict_from_row``) and must come out the same as the
         live one. Round only for display. Keys beyond the original row appear only when they carry
         something: ``paired``/``stallIntervals``/``droppedIntervals`` for paired comparisons, the
         ``tail*`` keys when a tail comparison was made."""

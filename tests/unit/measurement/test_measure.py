@@ -588,6 +588,39 @@ def test_the_runtime_preflight_reads_the_fleet_pods_and_their_gpus(monkeypatch):
     assert st.verdict == "DecodeBoundIdleCompute" and st.candidate
 
 
+def test_a_fleet_pod_replaced_inside_the_window_still_counts_toward_the_preflight(monkeypatch):
+    """A replica that went away 100 s into the 30-minute window (rolling update, scale-down) has no
+    sample after the live pods' last scrape, where the window closes: it counts up to its last
+    sample, and the live pods' numbers still decide (it once made prefill and decode missing, and
+    the preflight Unknown). Prometheus' ``min(timestamp())`` sees only series scraped in the last 5
+    minutes: the store here leaves the gone pod out of it as Prometheus does."""
+    from lookahead_operator.controller.world import Target
+
+    store = _fleet_store()
+    v = metric_names("vllm")
+    gone = {"namespace": "inference", "pod": "chat-7f9c-old"}
+    for name, per_s in ((v.generation_tokens, 50.0), (v.prefill_time + "_sum", 0.1), (v.prefill_time + "_count", 1.0),
+                        (v.decode_time + "_sum", 2.0), (v.decode_time + "_count", 1.0)):
+        store.series.append((name, gone, [(t, per_s * t) for t in range(0, 101, 5)]))
+    fresh = store.custom_query
+
+    def only_fresh_series(query, params=None):   # Prometheus' staleness: the gone pod is not in timestamp()
+        if query.startswith("min(timestamp("):
+            saved, store.series = store.series, [x for x in store.series if x[2][-1][0] > 100]
+            try:
+                return fresh(query, params)
+            finally:
+                store.series = saved
+        return fresh(query, params)
+
+    store.custom_query = only_fresh_series
+    monkeypatch.setattr(measure, "_prom", lambda spec: store)
+    spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}}})
+    st = measure.read_preflight(spec, [Target(namespace="inference", name="chat", engine="vllm")], now=200.0).status
+    assert st.signals["prefillSeconds"] == pytest.approx(0.1) and st.signals["decodeSeconds"] == pytest.approx(2.0)
+    assert st.verdict == "DecodeBoundIdleCompute" and st.candidate
+
+
 def test_the_runtime_preflight_degrades_when_prometheus_cannot_be_read(monkeypatch):
     class Down:
         def custom_query(self, query, params=None):
