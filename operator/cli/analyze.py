@@ -19,7 +19,7 @@ and the tail veto from the summed buckets), so machine drift slower than a round
 process starting, thermal or frequency changes) lands on both roles and cancels in their ratio.
 A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or when its
 share of the time budget is spent, which leaves it Pending. ``confidence`` is that of the whole
-decision: each test runs at its share (``measure.family_split``, the operator's split). The
+decision: each test runs at its share (``stats.family_split``, the operator's split). The
 per-batch verdicts go to ``lookahead_operator.measurement.decision.decide``; the table, the crossover and the
 decision are printed and a report (HTML with PNG plots, JSON) is written.
 
@@ -367,10 +367,6 @@ class RoleMeasurement:
         }
 
 
-# ---------------------------------------------------------------------------------------------
-# statistics wiring: the thresholds are the operator's (``measurement.stats.policy_thresholds`` and
-# ``family_split``, imported above)
-
 
 def pooled_per_token_s(requests: Sequence[RequestResult]) -> float | None:
     """Per-token latency pooled over requests, as the client saw it: summed (last token - first
@@ -539,7 +535,7 @@ class AnalyzeResult:
                 "throughputSamples": (f"per round and role: increase of the engine's {m.generation_tokens} / the "
                                       "time between the two reads"),
                 "tailLatency": ("p95/p99 per-token latency from the same histogram's buckets summed over the "
-                                "rounds (statistics.compare_tail_latency): a veto"),
+                                "rounds (stats.compare_tail_latency): a veto"),
                 "statistics": ("paired: round i of the control and of the canary form one pair "
                                "(prometheus.paired_sample); anytime-valid confidence sequences on the pairs "
                                "(stats.PairedComparison) and the tail veto, by the operator's own "
