@@ -1,6 +1,7 @@
 """The names of the LookaheadPolicy API and of everything the operator puts on objects: the API
 group, version and resource, the annotations and labels, the finalizer. One module, imported by
-the models, builders, handlers, the Kubernetes client wrapper and the kubectl plugin.
+every layer: the API models (api.spec, api.status, api.policy), kube, controller, measurement,
+runtime and the kubectl plugin.
 
 On the wire (Prometheus), labels arrive sanitised: ``lookahead.dev/role`` is ``lookahead_dev_role``
 (``PROM_LABEL_*``).

@@ -1,7 +1,7 @@
 """The spec of a LookaheadPolicy: what its user asks for.
 
 The fleet (``Targets`` and label selectors), the engine and the lookahead to turn on
-(``LookaheadConfig``; ``reference_engine_config`` is the reference engine's form of it), the canary,
+(``LookaheadConfig``), the canary,
 the load (``LoadSpec``), the decision rule (``AnalysisSpec``) and the rollout (``PromotionSpec``),
 gathered in ``LookaheadPolicySpec`` with its cross-field rules (pydantic and CEL alike).
 ``spec_error`` says why a spec cannot be acted on, naming its first invalid field.
@@ -20,7 +20,6 @@ from typing import Annotated, Any, Optional
 from kubernetes.utils import parse_quantity  # the client's own quantity parser
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lookahead_canary import specconfig
 from lookahead_operator.api.names import DEFAULT_LOAD_LIMITS, DEFAULT_LOAD_REQUESTS
 from lookahead_operator.api.schema import (
     DNS_LABEL_PATTERN,
@@ -254,32 +253,6 @@ class LookaheadConfig(ApiModel):
         if self.method == "jacobi":
             return 1 + (self.window + self.guess_set) * (self.ngram - 1)
         return 1 + self.num_speculative_tokens
-
-    def speculative_config(self) -> dict[str, Any]:
-        """The ``--speculative-config`` JSON of the reference engine (vLLM's shape for ngram)."""
-        config = reference_engine_config(self)
-        if config is None:
-            raise ValueError(f"the reference engine has no {str(self.method)!r} method (it runs jacobi and ngram)")
-        return json.loads(specconfig.render(config))
-
-
-def reference_engine_config(lookahead: Any) -> specconfig.JacobiConfig | specconfig.NgramConfig | None:
-    """The reference engine's speculative config for a lookahead (anything with
-    :class:`LookaheadConfig`'s snake_case fields); ``None`` for a method it does not run."""
-    if lookahead.method == "jacobi":
-        if lookahead.prompt_lookup_tokens:
-            # The original implementation seeds candidates from the prompt too; on steps with such a
-            # draft the Jacobi window is skipped (fewer query tokens: see docs/benchmarks/engine-cpu.md).
-            return specconfig.JacobiConfig(window=lookahead.window, ngram=lookahead.ngram,
-                                           guess_set=lookahead.guess_set,
-                                           prompt_lookup_tokens=lookahead.prompt_lookup_tokens,
-                                           window_with_draft=False)
-        return specconfig.JacobiConfig(window=lookahead.window, ngram=lookahead.ngram, guess_set=lookahead.guess_set)
-    if lookahead.method == "ngram":
-        return specconfig.NgramConfig(num_speculative_tokens=lookahead.num_speculative_tokens,
-                                      prompt_lookup_min=lookahead.prompt_lookup_min,
-                                      prompt_lookup_max=lookahead.prompt_lookup_max)
-    return None
 
 
 class CanarySpec(ApiModel):

@@ -1,7 +1,7 @@
 """The reference engine's adapter (ours: ``python3 -m lookahead_canary.server``): true Jacobi
 lookahead, ``--speculative-config '{"method":"jacobi","window":W,"ngram":N,"guess_set":G}'``, or
 ``ngram`` like vLLM; regime-aware via ``--lookahead-max-batch-size C``. The config itself is
-``lookahead_canary.specconfig``'s model (built by ``api.spec.reference_engine_config``), the one
+``lookahead_canary.specconfig``'s model, the one
 the engine parses it with. Its image tag is not an engine version.
 """
 
@@ -13,7 +13,6 @@ from typing import Any, Mapping
 
 from lookahead_canary import specconfig
 from lookahead_operator.api.metric_names import REFERENCE_METRICS
-from lookahead_operator.api.spec import reference_engine_config
 from lookahead_operator.engines.argv import edit_container, remove_flag, set_flag
 from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
     LookaheadParams, lookahead_params, regime_max_batch)
@@ -26,11 +25,30 @@ _SPEC = "--speculative-config"
 _MAX_BATCH = "--lookahead-max-batch-size"
 
 
+def _config(lookahead: LookaheadParams) -> specconfig.JacobiConfig | specconfig.NgramConfig | None:
+    """The reference engine's speculative config for a lookahead (anything with
+    :class:`LookaheadConfig`'s snake_case fields); ``None`` for a method it does not run."""
+    if lookahead.method == "jacobi":
+        if lookahead.prompt_lookup_tokens:
+            # The original implementation seeds candidates from the prompt too; on steps with such a
+            # draft the Jacobi window is skipped (fewer query tokens: see docs/benchmarks/engine-cpu.md).
+            return specconfig.JacobiConfig(window=lookahead.window, ngram=lookahead.ngram,
+                                           guess_set=lookahead.guess_set,
+                                           prompt_lookup_tokens=lookahead.prompt_lookup_tokens,
+                                           window_with_draft=False)
+        return specconfig.JacobiConfig(window=lookahead.window, ngram=lookahead.ngram, guess_set=lookahead.guess_set)
+    if lookahead.method == "ngram":
+        return specconfig.NgramConfig(num_speculative_tokens=lookahead.num_speculative_tokens,
+                                      prompt_lookup_min=lookahead.prompt_lookup_min,
+                                      prompt_lookup_max=lookahead.prompt_lookup_max)
+    return None
+
+
 def reference_speculative_config(lookahead_spec: Any) -> str:
     """The reference engine's ``--speculative-config`` (``lookahead_canary.specconfig``: the same
     model the engine parses it with)."""
     p = lookahead_params(lookahead_spec)
-    config = reference_engine_config(p)
+    config = _config(p)
     if config is None:
         raise EngineError(f"the reference engine has no {p.method!r} method (it runs jacobi and ngram)")
     return specconfig.render(config)

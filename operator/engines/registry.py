@@ -152,10 +152,8 @@ def support_problems(pod_template_or_container: Mapping, engine: str | None, loo
         if engine is None:
             return [f"cannot tell the engine of container {container.get('name') or '?'!r} from its image, command "
                     f"or args; {_SET_ENGINE}"]
-    if engine not in ADAPTERS:
-        return [f"unknown engine {engine!r} (expected one of {', '.join(ENGINES)})"]
-    a = ADAPTERS[engine]
     try:
+        a = adapter(engine)
         setup = _setup(a, container, pod_template_or_container, lookahead_config)
     except EngineError as exc:
         return [str(exc)]
@@ -167,7 +165,4 @@ def support_problems(pod_template_or_container: Mapping, engine: str | None, loo
 
 def regime_config(engine: str, lookahead_spec: Any, max_batch_size: int, engine_max_batch: int | None = None) -> dict:
     """The engine-specific regime-aware setting, for a Decision's message and the report."""
-    p = lookahead_params(lookahead_spec)
-    if engine not in ADAPTERS:
-        raise EngineError(f"unknown engine {engine!r}")
-    return ADAPTERS[engine].regime_config(p, max_batch_size, engine_max_batch)
+    return adapter(engine).regime_config(lookahead_params(lookahead_spec), max_batch_size, engine_max_batch)

@@ -48,10 +48,6 @@ class EngineVersion:
     version: Version | None
     source: str                     # "image tag", "spec.lookahead.engineVersion" or "unknown"
 
-    @property
-    def known(self) -> bool:
-        return self.version is not None
-
     def at_least(self, v: Version) -> bool:
         """True when unknown (assumed current) or >= v."""
         return self.version is None or self.version >= v

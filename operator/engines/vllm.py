@@ -35,8 +35,6 @@ _SPEC = "--speculative-config"
 VLLM_MIN_CHECKED = (0, 10, 0)
 VLLM_SUFFIX_SINCE = (0, 11, 1)
 VLLM_NGRAM_GPU_SINCE = (0, 18, 0)
-VLLM_SC_ALIAS_SINCE = (0, 19, 0)
-VLLM_SPEC_FLAGS_SINCE = (0, 22, 0)
 VLLM_PER_BATCH_SINCE = (0, 24, 0)
 _VLLM_SPEC_SHORTHANDS = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
 

@@ -169,9 +169,17 @@ def test_tail_latency_threshold_defaults_to_the_statistics_default_and_may_excee
 
 
 def test_speculative_config_per_method():
-    jac = LookaheadPolicySpec.model_validate(MINIMAL).lookahead.speculative_config()
+    """The reference engine's --speculative-config for the spec's defaults, per method."""
+    import json
+
+    from lookahead_operator import engines
+
+    def config(spec):
+        return json.loads(engines.reference_speculative_config(LookaheadPolicySpec.model_validate(spec).lookahead))
+
+    jac = config(MINIMAL)
     assert jac == {"method": "jacobi", "window": 7, "ngram": 5, "guess_set": 7}
-    ng = LookaheadPolicySpec.model_validate(spec_with(**{"lookahead.method": "ngram"})).lookahead.speculative_config()
+    ng = config(spec_with(**{"lookahead.method": "ngram"}))
     assert ng == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
