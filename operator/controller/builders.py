@@ -13,7 +13,7 @@ import json
 import math
 from typing import Callable, Iterable
 
-from lookahead_operator.api.names import (  # noqa: F401 - the names builders put on objects (api.py owns them)
+from lookahead_operator.api.names import (  # noqa: F401 - the names builders put on objects (api/names.py owns them)
     ANNOTATION_ORIGINAL_TEMPLATE,
     ANNOTATION_OWNER,
     ANNOTATION_PROMOTED,
@@ -201,7 +201,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
                    resources: dict[str, dict[str, str]] | None = None) -> dict:
     """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role.
 
-    ``prompts`` is the policy's ``load.prompts`` (a ``models.PromptSource``): a bundled set by name,
+    ``prompts`` is the policy's ``load.prompts`` (an ``api.spec.PromptSource``): a bundled set by name,
     or the team's own JSON-lines prompts mounted from their ConfigMap (in ``namespace``). The name
     carries ``run`` (``status.progress.loadRun``), never the policy's generation, so a restarted
     step gets a fresh Job and pausing (which bumps the generation) duplicates nothing.
@@ -221,7 +221,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
         "image": image,
         "command": ["python3", "-m", "lookahead_canary.loadgen"],
         "args": args,
-        # the policy's load.resources (models.LoadResources), else its defaults
+        # the policy's load.resources (api.spec.LoadResources), else its defaults
         "resources": resources if resources is not None else {"requests": dict(DEFAULT_LOAD_REQUESTS),
                                                               "limits": dict(DEFAULT_LOAD_LIMITS)},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -296,7 +296,7 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
 # original when not marked promoted, the digest when marked. Anything else is a user's edit.
 
 #: On a promoted target: the digest of the pod template the operator wrote (``template_digest``).
-#: (One more operator annotation beside those of ``api.py``.)
+#: (One more operator annotation beside those of ``api/names.py``.)
 ANNOTATION_PROMOTED_TEMPLATE = f"{GROUP}/promoted-template"
 
 #: Every annotation the operator puts on a target Deployment (and removes when it lets go of it).

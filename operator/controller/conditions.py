@@ -9,7 +9,7 @@ list. Rules, all here:
 * ``Ready`` is derived from the phase alone: True in Succeeded, False otherwise;
 * conditions that only mean something in some phases (``SCOPE``) are dropped outside them, so a
   rolled-back policy never shows ``WaveReady=True``;
-* every type is a ``models.ConditionType``: nothing else can be written;
+* every type is an ``api.status.ConditionType``: nothing else can be written;
 * ``TargetsEdited`` (targets left to the users who edited them) is a record, not a phase state: it
   is kept to the end of the rollout (only a spec change, which starts a new one, drops it).
 """

@@ -46,11 +46,6 @@ def rollout_failed(d: dict) -> str | None:
     return None
 
 
-def reference_target(targets: list[Target]) -> Target:
-    """The target whose pod template the canary and control are cloned from (stable choice)."""
-    return sorted(targets, key=lambda t: t.key)[0]
-
-
 def newest_promoted(targets: list[Target]) -> Target | None:
     """The target promoted last (waves promote targets in their stable order)."""
     promoted = sorted((t for t in targets if t.promoted), key=lambda t: t.key)

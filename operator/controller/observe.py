@@ -169,8 +169,7 @@ def _role_namespace(world: Observed, roles: dict) -> str:
 
 
 def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase: Phase) -> list[str]:
-    check = getattr(engines, "support_problems", None)
-    if check is None or phase not in (Phase.Pending, Phase.Preflight) or not world.targets:
+    if phase not in (Phase.Pending, Phase.Preflight) or not world.targets:
         return []
     source = sm.role_source(world)
     d = k.get_deployment(*source.key)
@@ -178,7 +177,7 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase
         return []
     template = d["spec"]["template"]
     engine = source.engine or "reference"
-    problems = list(check(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware"))
+    problems = list(engines.support_problems(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware"))
     if not problems:  # what the adapters cannot render is refused now, not at the first patch
         container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
         for role in ROLES:

@@ -10,13 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from lookahead_operator.api.spec import LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
-
-if TYPE_CHECKING:  # what the measurement of a phase returns
-    from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement
+from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement
 
 #: The phases in which canary and control exist.
 WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})

@@ -5,7 +5,7 @@ reads nothing from the API server and writes are its only requests.
 An index keeps only what a pass reads of each object (``slim_deployment``, ``slim_pod``,
 ``slim_job``): at hundreds of policies whole objects were most of the operator's memory.
 ``Snapshot.of(...)`` copies, in the event loop, the part of the indexes one policy needs; a
-``CachedView`` answers the same read calls as ``kube.Kube`` from it (the actions and ``observe``
+``CachedView`` answers the same read calls as ``kube.client.Kube`` from it (the actions and ``observe``
 take either). Kopf fills every index from a full list before any handler runs, so after a restart
 the first pass already sees the whole cluster.
 """
@@ -123,7 +123,7 @@ class Snapshot:
 
 
 class CachedView:
-    """``kube.Kube``'s read calls answered from a ``Snapshot``; writes go to the real client."""
+    """``kube.client.Kube``'s read calls answered from a ``Snapshot``; writes go to the real client."""
 
     def __init__(self, k: Kube, snap: Snapshot):
         self.k = k
@@ -182,7 +182,7 @@ class CachedView:
         return list(self.snap.jobs)
 
     # Deletions are rare (a step's end, a rollback) and must not miss what the watch has not
-    # brought yet: they list and delete through the API (``kube.Kube``), not from the cache.
+    # brought yet: they list and delete through the API (``kube.client.Kube``), not from the cache.
 
     def create_if_absent(self, body: dict) -> bool:
         meta = body["metadata"]

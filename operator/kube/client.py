@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from lookahead_operator.api import names as api
 
-log = logging.getLogger("lookahead_operator.kube.client")
+log = logging.getLogger("lookahead_operator.kube")   # the name operators filter their logs by
 USER_AGENT = "lookahead-operator/0.1"
 # Every request is bounded: (connect, read) seconds. Nothing outside the process is assumed to answer.
 TIMEOUT = (5, 30)
@@ -130,7 +130,7 @@ class Kube:
     # --- reads -----------------------------------------------------------------------------------
     def target_namespaces(self, policy_namespace: str, namespace_selector, namespaces: list[str] | None) -> list[str]:
         """The namespaces to search: the explicit list, else those the selector (a
-        ``models.LabelSelector``; empty = all) matches, else the policy's own."""
+        ``api.spec.LabelSelector``; empty = all) matches, else the policy's own."""
         if namespaces:
             return sorted(namespaces)
         if namespace_selector is not None:
@@ -139,7 +139,7 @@ class Kube:
         return [policy_namespace]
 
     def deployments(self, namespaces: Iterable[str], selector) -> list[dict]:
-        """Deployments matching ``selector`` (a ``models.LabelSelector``), never our own canary/control."""
+        """Deployments matching ``selector`` (a ``api.spec.LabelSelector``), never our own canary/control."""
         sel = selector.to_label_selector_string() if selector is not None else ""
         out: list[dict] = []
         for ns in namespaces:

@@ -10,11 +10,11 @@ import json
 
 from kubernetes import client
 
+from lookahead_operator.api.names import GROUP, PLURAL, VERSION
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import image_name
 
-GROUP, VERSION, PLURAL = "lookahead.dev", "v1alpha1", "lookaheadpolicies"
 ENGINE_IMAGE = image_name("engine")  # built by hack/build-images.sh, imported into the real node
 FLEET = ("chat-a", "chat-b")          # the two target Deployments most rollouts run on
 

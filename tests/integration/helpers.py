@@ -29,11 +29,9 @@ def create_namespace(kube_api: client.ApiClient, prefix: str) -> str:
 def namespace_while_used(kube_api: client.ApiClient, prefix: str) -> Iterator[str]:
     """The body of a namespace fixture (``yield from`` it, in the fixture's own scope): a new
     namespace named after ``prefix``, deleted at the fixture's teardown."""
-    core = client.CoreV1Api(kube_api)
-    name = unique_name(prefix)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    name = create_namespace(kube_api, prefix)
     yield name
-    core.delete_namespace(name)
+    client.CoreV1Api(kube_api).delete_namespace(name)
 
 
 def wait_until(cond: Callable[[], T], timeout: float, what: str, interval: float) -> T:

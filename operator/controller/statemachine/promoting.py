@@ -7,13 +7,12 @@ from lookahead_operator.controller.statemachine.cleanup import _roll_back
 from lookahead_operator.controller.statemachine.clocks import _new_load_run, _reset_guard_legs, _seconds
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.guarding import _guard_legs
+from lookahead_operator.controller.builders import wave_members
 from lookahead_operator.controller.world import ActionKind
 from lookahead_operator.api.status import Phase
 
 
 def _promoting(ctx: PassContext) -> None:
-    from lookahead_operator.controller.builders import wave_members
-
     world, spec, progress = ctx.world, ctx.spec, ctx.progress
     waves = spec.promotion.waves
     wave = progress.wave or 0
