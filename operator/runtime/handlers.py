@@ -31,7 +31,7 @@ from lookahead_operator.kube import cache
 from lookahead_operator.controller import conditions
 from lookahead_operator import engines
 from lookahead_operator.runtime import metrics
-from lookahead_operator.runtime.wakeups import Wakeups
+from lookahead_operator.runtime.wakeups import Wakeups, pending_namespaces
 from lookahead_operator.controller import observe
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Action, Observed
@@ -402,9 +402,7 @@ def _note_pending(key: str, spec: LookaheadPolicySpec | None, status: LookaheadP
     """A policy still in Pending waits for its targets: a new Deployment in the namespaces it
     searches (any, for a namespace selector) wakes it."""
     if status.phase == Phase.Pending:
-        any_namespace = spec is not None and spec.targets.namespace_selector is not None \
-            and not spec.targets.namespaces
-        wakeups.set_pending(key, None if any_namespace else frozenset(snap.deployments))
+        wakeups.set_pending(key, pending_namespaces(spec, snap.deployments))
     else:
         wakeups.not_pending(key)
 

@@ -12,7 +12,7 @@ whole operator (``handlers.wakeups``).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from lookahead_operator.api.names import (
     ANNOTATION_ABORT,
@@ -27,6 +27,15 @@ def signature(meta: Mapping[str, Any]) -> tuple:
     """What of a policy, when it changes, asks for a pass: its spec (generation) and its gates."""
     ann = meta.get("annotations") or {}
     return (meta.get("generation"), ann.get(ANNOTATION_APPROVE), ann.get(ANNOTATION_ABORT))
+
+
+def pending_namespaces(spec: Any, searched: Iterable[str]) -> frozenset[str] | None:
+    """Where a new Deployment wakes a policy waiting in Pending for its targets: any namespace
+    (None) when its spec picks namespaces by a selector and names none, else the namespaces it
+    searches now (``searched``). ``spec``: the parsed spec, or None when it does not parse."""
+    if spec is not None and spec.targets.namespace_selector is not None and not spec.targets.namespaces:
+        return None
+    return frozenset(searched)
 
 
 class Wakeups:
