@@ -10,9 +10,12 @@ Model of one decode step for a batch of B sequences (each at `context_tokens` of
                                       1 + k                      (n-gram prompt lookup, vLLM `ngram`)
     memory seconds   = (model bytes + B * context * KV bytes per token) / HBM bandwidth
     compute seconds  = 2 * params * B * T / achievable FLOP rate
-    step seconds     = (max(memory, compute) + overhead [+ speculation overhead]) * noise * time_scale
+    step seconds     = (max(memory, compute) + overhead [+ speculation overhead]) * noise * drift * time_scale
 
-    noise ~ lognormal(0, noise_sigma)   (multiplicative, median 1)
+    noise ~ lognormal(0, noise_sigma)   (multiplicative, median 1), drawn every step
+    drift ~ lognormal(0, drift_sigma)   drawn anew every drift_period_s of wall time: the machine's
+                                        speed wandering (other processes, frequency), which a
+                                        measurement round cannot average away as it does per-step noise
 
 Accepted tokens per sequence per step: 1 bonus token plus the number of leading draft tokens
 accepted, each accepted with probability `acceptance` until the first rejection, capped at the
@@ -115,6 +118,8 @@ class SimConfig:
     acceptance: float = 0.45
     context_tokens: int = 1024
     noise_sigma: float = 0.05
+    drift_sigma: float = 0.0
+    drift_period_s: float = 5.0
     time_scale: float = 1.0
     spec_overhead_s: float = 0.5e-3  # extra fixed cost of a speculating step (pool lookup, masks)
     # explicit overrides of the presets (None: use the preset)
@@ -144,6 +149,8 @@ class SimConfig:
             raise ValueError("window >= 1, ngram >= 2, guess_set >= 0, num_speculative_tokens >= 1")
         if self.noise_sigma < 0 or self.time_scale <= 0 or self.context_tokens < 0:
             raise ValueError("noise_sigma >= 0, time_scale > 0, context_tokens >= 0")
+        if self.drift_sigma < 0 or self.drift_period_s <= 0:
+            raise ValueError("drift_sigma >= 0, drift_period_s > 0")
 
     # -- resolved hardware / model ---------------------------------------------------------
     @property
@@ -236,6 +243,8 @@ class RooflineSimulator:
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
+        self._drift_period = -1      # the drift's current period of wall time, and its factor
+        self._drift = 1.0
 
     @classmethod
     def from_json(cls, text: str | None, seed: int | None = None) -> "RooflineSimulator":
@@ -302,9 +311,21 @@ class RooflineSimulator:
         accepted = self._rng.geometric(1.0 - a, size=batch_size) - 1
         return 1 + np.minimum(accepted, cap)
 
+    def drift(self, now: float | None = None) -> float:
+        """The machine's speed factor at wall time ``now`` (time.monotonic() by default): one
+        lognormal draw per ``drift_period_s``; 1 without drift."""
+        if self.config.drift_sigma == 0:
+            return 1.0
+        import time
+
+        period = int((time.monotonic() if now is None else now) // self.config.drift_period_s)
+        if period != self._drift_period:
+            self._drift_period, self._drift = period, float(np.exp(self._rng.normal(0.0, self.config.drift_sigma)))
+        return self._drift
+
     def decode_step(self, batch_size: int, speculate: bool) -> SimStep:
         spec = self._speculating(speculate)
-        seconds = float(self.expected_step_seconds(batch_size, spec) * self._noise())
+        seconds = float(self.expected_step_seconds(batch_size, spec) * self._noise() * self.drift())
         accepted = self.sample_accepted(batch_size, spec)
         drafts = self.config.draft_tokens(spec)
         return SimStep(

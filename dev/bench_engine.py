@@ -233,6 +233,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model, tok = load_model(args.model)
     load_s = time.perf_counter() - t0
+    # the weights' type, as the served engines (and `make demo`) load them too: exactness below is
+    # token for token against greedy in this type
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     eos = sorted(eos_ids(model, tok))
     rows = load_prompts(args.prompts)
     la_kw = json.loads(args.lookahead)
@@ -344,10 +347,10 @@ def main(argv=None) -> int:
         out.print(st)
     mach = machine_description()
     out.print(f"machine: {mach['cpu']} ({' '.join(mach['cpu_flags'])}), {mach['cores']} cores, torch {mach['torch']}, "
-              f"{mach['threads']} threads, loadavg {mach['loadavg']}; model load {load_s:.1f}s; "
+              f"{mach['threads']} threads, {dtype}, loadavg {mach['loadavg']}; model load {load_s:.1f}s; "
               f"lookahead {la_kw}; ngram {ng_kw}")
     sys.stdout.write(json.dumps({
-        "model": args.model, "prompts": args.prompts, "machine": mach,
+        "model": args.model, "dtype": dtype, "prompts": args.prompts, "machine": mach,
         "lookahead": la_kw, "ngram": ng_kw, "batches": summary,
     }) + "\n")
     sys.stdout.flush()

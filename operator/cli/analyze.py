@@ -4,8 +4,9 @@ Starts a control (lookahead off) and a canary (lookahead on) reference engine as
 on the same model -- or uses two engines already running (``--engine-url CONTROL CANARY``) --
 then, for each batch size, drives both with the closed-loop load generator on the same prompt
 stream in short rounds: each round runs the control and then the canary (the order alternates
-round by round), C workers sending one request each, and at least ``MIN_ROUND_REQUESTS`` in
-all, on the same prompts.
+round by round), C workers sending one request each, and at least one request per prompt of the
+round's block: the same ``prompts_per_round`` prompts of the set (``round_block``) in both roles
+and in every round, so that what differs from round to round is the machine, not the prompt mix.
 
 It measures through the operator's own pipeline; only the source differs. Each engine's
 ``/metrics`` is read just before and just after each of its rounds (``prometheus.scrape_engine``,
@@ -58,21 +59,30 @@ from lookahead_operator.measurement.stats import family_split, policy_thresholds
 from lookahead_operator.api.metric_names import MetricNames
 
 # both regimes on a 2-core CPU within the time limit: lookahead wins at 1 and loses at 8
-# (docs/benchmarks/engine-cpu.md); every size in between takes its share of the 10 minutes, and
-# one near the crossover (4) takes all of it without settling
+# (docs/benchmarks/engine-cpu.md); a size near the crossover (4) would not settle in time
 DEFAULT_BATCH_SIZES = (1, 8)
-# requests per role in a round, at least: lookahead's gain differs from prompt to prompt (a prompt
-# whose answer copies code from it gains 3-8x, prose none), so a pair of rounds measures a mix of
-# prompts, not one (measured at batch 1: single-prompt pairs' log-ratios spread -3..+0.7, 4-prompt
-# pairs' -0.8..+0.1, about twice the information per second; 8 prompts, half the set of 16)
-MIN_ROUND_REQUESTS = 8
-# torch threads per local engine: one core for the engine under test (the roles take turns), the
-# other for the load generator and whatever else runs on the machine; a second thread buys little
-# on 2 cores (a greedy step: 65 ms either way) and makes every step erratic when another process
-# competes for the cores
+# prompts in every round, the same ones in both roles and in every round (`round_block`):
+# lookahead's gain differs from prompt to prompt (a prompt whose answer copies code from it gains
+# 3-8x, prose none), so rounds that each take the next prompts of the set vary with the prompt mix;
+# a fixed block leaves only the machine's noise between rounds (docs/analyze.md, "Round-to-round
+# variance"). Four prompts make a batch-1 pair 12-15 s on 2 cores (three: 10 s, but noisier).
+DEFAULT_PROMPTS_PER_ROUND = 4
+# how a round's two roles share the machine: "together" runs the control's and the canary's round at
+# the same time, a core's worth each, so the machine's noise over those seconds lands on both and
+# cancels in their ratio (measured at batch 1, 4-prompt rounds: the per-round log-ratio's standard
+# deviation 0.040 in 14.5 s pairs, against 0.056 in 25 s pairs taking turns: about three times the
+# information per second); "alternate" runs them one after the other
+DEFAULT_ARMS = "together"
+# torch threads per local engine: a second thread buys little on 2 cores (a greedy step: 65 ms
+# either way) and makes every step erratic when another process competes for the cores
 DEFAULT_ENGINE_THREADS = 1
-DEFAULT_TIME_LIMIT_S = 540.0        # the whole run, engine start included (make demo: < 10 min on 2 cores)
-RESERVE_S = 20.0                    # kept for the report and stopping the engines
+# the whole run, engine start included, so that `make demo` ends within 5 minutes on 2 cores with
+# its own start and report (about 8 s). The minimum sample (6 pairs) of both batch sizes takes
+# about 165 s there when quiet and about 220 s beside a process that keeps one core busy; the rest
+# is the engines' start (8 s; 40 s the first time, when SmolLM2 is converted) and measuring on
+# while an interval still spans a threshold (docs/analyze.md, "Time on two CPU cores").
+DEFAULT_TIME_LIMIT_S = 285.0
+RESERVE_S = 12.0                    # kept for the report and stopping the engines (about 3 s)
 DEFAULT_MAX_TOKENS = 32
 DEFAULT_INTERVAL_S = 2.0
 # The CPU-tuned setting from docs/benchmarks/engine-cpu.md: a small Jacobi window plus prompt-seeded
@@ -347,6 +357,8 @@ class RoleMeasurement:
             "perTokenMs": None if ptl_mean is None else 1e3 * ptl_mean,
             "perTokenMsCI95": None if ptl_ci is None else 1e3 * ptl_ci,
             "perTokenSamples": len(self.per_token_s(m)),
+            "perTokenMsByRound": [None if s.per_token_latency_s is None else round(1e3 * s.per_token_latency_s, 3)
+                                  for s in self.samples(m)],
             "tokensPerSecond": generated / engine_seconds if generated and engine_seconds > 0 else None,
             "intervalTokensPerSecondMean": tps_mean,
             "intervalTokensPerSecondCI95": tps_ci,
@@ -415,6 +427,13 @@ class BatchResult:
         cancels in their ratio."""
         return [prometheus.paired_sample(c, k, m) for c, k in zip(self.control.increments, self.canary.increments)]
 
+    def latency_log_ratio_sd(self, m: MetricNames) -> float | None:
+        """The standard deviation of the per-round log(canary / control) per-token latency: the
+        round-to-round noise the paired test has to see through (None below two pairs)."""
+        logs = [math.log(p.canary.per_token_latency_s / p.control.per_token_latency_s) for p in self.pairs(m)
+                if p.canary.per_token_latency_s and p.control.per_token_latency_s]
+        return statistics.stdev(logs) if len(logs) >= 2 else None
+
     def judge(self, m: MetricNames, thresholds, engine: str) -> None:
         """The verdict from the pairs so far, by the operator's function (``measure.paired_verdict``:
         the paired tests, the tail veto, acceptance)."""
@@ -439,6 +458,8 @@ class AnalyzeConfig:
     sim_config: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     requests_per_worker: int | None = 1                 # per round: each of the C workers sends at most this many
+    prompts_per_round: int = DEFAULT_PROMPTS_PER_ROUND  # the same block of the set in every round (0: all of it)
+    arms: str = DEFAULT_ARMS                            # together: both roles in the same seconds; alternate
     round_s: float = 30.0                               # per round and role: stop issuing after this (then drain)
     max_rounds: int = 40
     budget_s: float | None = None                       # measurement budget; None: what the time limit leaves
@@ -467,6 +488,7 @@ class AnalyzeResult:
     started_at: float
     wall_s: float
     load_s: float
+    prompt_count: int = 0
     files: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -490,6 +512,7 @@ class AnalyzeResult:
                 "throughputChange": tp.estimate if tp is not None else None,
                 "throughputInterval": list(tp.interval) if tp is not None and tp.interval else None,
                 "acceptanceRate": b.verdict.acceptance_rate if b.verdict is not None else k["acceptanceRate"],
+                "latencyLogRatioSd": b.latency_log_ratio_sd(m),
                 "latency": lat.to_dict() if lat is not None else None,
                 "throughput": tp.to_dict() if tp is not None else None,
                 "tail": b.verdict.tail.to_dict() if b.verdict is not None and b.verdict.tail is not None else None,
@@ -516,6 +539,9 @@ class AnalyzeResult:
             "engine": self.config.engine,
             "prompts": self.config.prompts,
             "maxTokens": self.config.max_tokens,
+            "arms": self.config.arms,
+            # the prompts of the set that every round sent, in both roles (1-based lines of the set)
+            "roundPrompts": [i + 1 for i in round_block(self.prompt_count, self.config.prompts_per_round)],
             "lookahead": self.config.lookahead,
             "batchSizes": list(self.config.batch_sizes),
             "notMeasured": [c for c in self.config.batch_sizes if c not in {b.batch_size for b in self.batches}],
@@ -557,47 +583,55 @@ ProgressFn = Callable[[str], None]
 
 async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models: dict[str, str],
                          prompts: Sequence[Prompt], c: int, cfg: AnalyzeConfig, thresholds, m: MetricNames,
-                         budget_s: float, log: ProgressFn, res: BatchResult | None = None) -> BatchResult:
-    """Measure batch size ``c`` in rounds until its verdict is settled or ``budget_s`` is spent;
-    with ``res``, go on from that earlier measurement (the confidence sequences are valid at every
-    sample count, so measuring on is as valid as having measured longer the first time)."""
+                         budget_s: float, log: ProgressFn, res: BatchResult | None = None,
+                         rounds: int | None = None) -> BatchResult:
+    """Measure batch size ``c`` in rounds until its verdict is settled or ``budget_s`` is spent (or
+    ``rounds`` more rounds are done, when given: the sweep's one pair per cycle); with ``res``, go on
+    from that earlier measurement (the confidence sequences are valid at every sample count, so
+    measuring on is as valid as having measured longer the first time)."""
     res = res or BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
     t0 = time.monotonic()
-    offset = max(len(res.control.requests), len(res.canary.requests))
+    stop_at = res.rounds + rounds if rounds is not None else None
+    block = [prompts[i] for i in round_block(len(prompts), cfg.prompts_per_round)]
     cancelled_before = res.control.cancelled + res.canary.cancelled
-    per_round = max(c * cfg.requests_per_worker, MIN_ROUND_REQUESTS) if cfg.requests_per_worker else None
+    per_round = max(c * cfg.requests_per_worker, len(block)) if cfg.requests_per_worker else None
     last_round_s = 0.0
     while True:
         r0 = time.monotonic()
-        # alternate which role goes first, so a slow drift does not favour one of them
-        order = ("control", "canary") if res.rounds % 2 == 0 else ("canary", "control")
-        for i, role in enumerate(order):
-            meas = res.control if role == "control" else res.canary
-            # hard limit: this role may use its share of what is left of the batch size's budget;
-            # requests still running then are cancelled (a slow canary cannot overrun the run)
-            remaining = t0 + budget_s - time.monotonic()
-            hard = max(1.0, remaining / (len(order) - i))
+
+        async def role_round(role: str, hard: float) -> None:
             # the engine's own counters just before and just after the round: the direct source of
             # the operator's pipeline (prometheus.Increments -> paired_sample -> paired_verdict)
             before = await _read(role, urls[role], m, log)
-            step = await loadgen.run_step(client, urls[role], models[role], prompts, c, requests_per_step=per_round,
-                                          step_duration=min(cfg.round_s, hard), prompt_offset=offset,
+            step = await loadgen.run_step(client, urls[role], models[role], block, c, requests_per_step=per_round,
+                                          step_duration=min(cfg.round_s, hard), prompt_offset=0,
                                           interval_s=cfg.interval_s, max_duration=hard)
             after = await _read(role, urls[role], m, log)
-            meas.add_round(step, prometheus.increments_between(before, after)
-                           if before is not None and after is not None else None)
+            (res.control if role == "control" else res.canary).add_round(
+                step, prometheus.increments_between(before, after) if before is not None and after is not None
+                else None)
             if step.errors and not step.completed and not step.cancelled:
                 raise AnalyzeError(f"every request to the {role} engine failed at batch {c}: "
                                    f"{step.requests[0].error}")
-        # the next round starts where the longer of the two left off, so both see the same prompts
-        offset = max(len(res.control.requests), len(res.canary.requests))
+
+        # hard limit: a role may use its share of what is left of the batch size's budget; requests
+        # still running then are cancelled (a slow canary cannot overrun the run)
+        if cfg.arms == "together":
+            # both at once, over the same seconds, each engine on its own core: whatever the machine
+            # does meanwhile lands on both (as the operator's windows do)
+            hard = max(1.0, t0 + budget_s - time.monotonic())
+            await asyncio.gather(role_round("control", hard), role_round("canary", hard))
+        else:
+            # one after the other; which goes first alternates, so a slow drift favours neither
+            order = ("control", "canary") if res.rounds % 2 == 0 else ("canary", "control")
+            for i, role in enumerate(order):
+                await role_round(role, max(1.0, (t0 + budget_s - time.monotonic()) / (len(order) - i)))
         res.rounds += 1
         last_round_s = time.monotonic() - r0
         res.judge(m, thresholds, cfg.engine)
         elapsed = time.monotonic() - t0
-        log(f"batch {c}: round {res.rounds} ({last_round_s:.1f} s) -> {res.outcome} "
-            f"[latency n={res.latency.n_control}/{res.latency.n_canary}, "
-            f"throughput n={res.throughput.n_control}/{res.throughput.n_canary}]")
+        log(f"b={c} pair {res.rounds} ({last_round_s:.0f} s) {res.outcome}: latency {_change(res.latency)}, "
+            f"tput {_change(res.throughput)}")
         if res.verdict.settled(thresholds):
             res.stopped = "settled"
             break
@@ -610,8 +644,30 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         if elapsed + last_round_s > budget_s:
             res.stopped = f"time budget ({budget_s:.0f} s)"
             break
+        if stop_at is not None and res.rounds >= stop_at:
+            break
     res.seconds += time.monotonic() - t0
     return res
+
+
+def _change(cmp) -> str:
+    """A comparison so far, for the progress line: the change and its interval in percent (rich
+    markup escaped: a bare ``[...]`` would be read as a style and vanish)."""
+    if cmp is None or cmp.estimate is None:
+        return "-"
+    text = f"{cmp.estimate:+.0%}"
+    if cmp.interval:
+        text += f" \\[{100 * cmp.interval[0]:+.0f},{100 * cmp.interval[1]:+.0f}]"
+    return text
+
+
+def round_block(n: int, k: int) -> list[int]:
+    """Which prompts of a set of ``n`` every round sends, in both roles (0-based): ``k`` of them
+    spread evenly over the set (its order is its author's, so neighbours tend to be alike), or all
+    of them for ``k`` <= 0 or ``k`` >= ``n``."""
+    if k <= 0 or k >= n:
+        return list(range(n))
+    return [(i * n) // k for i in range(k)]
 
 
 async def _read(role: str, url: str, m: MetricNames, log: ProgressFn) -> prometheus.EngineScrape | None:
@@ -670,38 +726,51 @@ async def _sweep(cfg: AnalyzeConfig, urls: dict[str, str], prompts: Sequence[Pro
         total = run_deadline - t0 - RESERVE_S
         if cfg.budget_s is not None:
             total = min(total, cfg.budget_s)
-        log(f"measuring batch sizes {batch_sizes} within {total:.0f} s")
-        results = []
-        for i, c in enumerate(batch_sizes):
-            remaining = total - (time.monotonic() - t0)
-            budget = max(remaining / (len(batch_sizes) - i), 1.0)
-            results.append(await _measure_batch(client, urls, models, prompts, c, cfg, thresholds, m, budget, log))
-            # stop early when the larger batch sizes cannot change the decision: the smallest batch
-            # size already loses (Rollback), or a loss after a run of wins fixed the crossover
-            d = decide([b.verdict for b in results], thresholds, deadline_passed=False, planned=batch_sizes)
-            settled = d.action is Move.ROLLBACK or (d.action is Move.PROMOTE_REGIME_AWARE
-                                                    and d.crossover_batch_size is not None)
-            if settled and i + 1 < len(batch_sizes):
-                log(f"{d.action.value} is settled at batch {c}: batch sizes {batch_sizes[i + 1:]} cannot change it, "
-                    "not measured")
-                break
-        # time that batch sizes settled early left over goes to those still Pending, smallest first
-        # (a busy machine makes rounds slower; the time limit, not the share, is what binds)
-        for res in results:
-            remaining = total - (time.monotonic() - t0)
-            per_round_s = res.seconds / max(res.rounds, 1)
-            if res.outcome != "Pending" or res.rounds >= cfg.max_rounds or remaining < per_round_s:
-                continue
-            log(f"batch {res.batch_size}: measuring on with the {remaining:.0f} s the other batch sizes left")
-            await _measure_batch(client, urls, models, prompts, res.batch_size, cfg, thresholds, m, remaining, log,
-                                 res=res)
-        return results
+        log(f"measuring batch sizes {batch_sizes} within {total:.0f} s, a pair of each in turn")
+        results = {c: BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c)) for c in batch_sizes}
+        active = list(batch_sizes)
+        # one pair of each batch size in turn until each is settled or out of time: every size gets
+        # the same share of the run and of whatever the machine does meanwhile, and a slow machine
+        # ends with fewer pairs of each rather than with the last sizes never started
+        while active:
+            for c in list(active):
+                res = results[c]
+                remaining = total - (time.monotonic() - t0)
+                per_pair_s = res.seconds / res.rounds if res.rounds else 0.0
+                if remaining < max(per_pair_s, 1.0):
+                    res.stopped = res.stopped or f"time budget ({total:.0f} s)"
+                    active.remove(c)
+                    continue
+                await _measure_batch(client, urls, models, prompts, c, cfg, thresholds, m, remaining, log, res=res,
+                                     rounds=1)
+                if res.stopped:
+                    active.remove(c)
+            # stop early when the batch sizes still measuring cannot change the decision: over the
+            # smallest sizes, all settled, the smallest already loses (Rollback) or a loss after a
+            # run of wins fixed the crossover (PromoteRegimeAware)
+            prefix = []
+            for c in batch_sizes:
+                if c in active or results[c].verdict is None or results[c].outcome == "Pending":
+                    break
+                prefix.append(results[c].verdict)
+            d = decide(prefix, thresholds, deadline_passed=False, planned=batch_sizes)
+            beyond = [c for c in active if c > max((v.batch_size for v in prefix), default=0)]
+            if beyond and (d.action is Move.ROLLBACK or (d.action is Move.PROMOTE_REGIME_AWARE
+                                                         and d.crossover_batch_size is not None)):
+                log(f"{d.action.value} is settled: batch sizes {beyond} cannot change it, left out")
+                for c in beyond:
+                    active.remove(c)
+                    del results[c]
+        return [results[c] for c in batch_sizes if c in results and results[c].rounds > 0]
 
 
 def _engine_processes(cfg: AnalyzeConfig, workdir: Path) -> dict[str, EngineProcess]:
     spec = engines.reference_speculative_config(cfg.lookahead)
     common = dict(model=cfg.model, backend=cfg.backend, sim_config=cfg.sim_config, max_num_seqs=cfg.max_num_seqs,
                   env={"OMP_NUM_THREADS": str(cfg.engine_threads)} if cfg.engine_threads else None)
+    # not pinned to cores: beside another busy process a pinned pair is lopsided (that process
+    # shares one engine's core only; docs/analyze.md, "Round-to-round variance"), while the
+    # scheduler spreads the load over both
     return {
         "control": EngineProcess("control", log_path=workdir / "control-engine.log", **common),
         "canary": EngineProcess("canary", speculative_config=spec, log_path=workdir / "canary-engine.log", **common),
@@ -764,7 +833,8 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
                       max_batch_size=cfg.max_num_seqs if not cfg.engine_urls else None,
                       planned=list(cfg.batch_sizes))
     return AnalyzeResult(config=cfg, batches=batches, decision=decision, thresholds=thresholds, metric_names=m,
-                         engines=engines_info, started_at=started_at, wall_s=time.monotonic() - t0, load_s=load_s)
+                         engines=engines_info, started_at=started_at, wall_s=time.monotonic() - t0, load_s=load_s,
+                         prompt_count=len(prompts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -819,6 +889,12 @@ def add_arguments(p) -> None:
                    help="per round and role, requests each of the C closed-loop workers sends at most "
                         "(default 1: short rounds, so drift cancels within each control/canary pair; "
                         "0 = no cap)")
+    p.add_argument("--prompts-per-round", type=int, default=DEFAULT_PROMPTS_PER_ROUND,
+                   help=f"prompts of the set in every round, the same ones in both roles and every round "
+                        f"(default {DEFAULT_PROMPTS_PER_ROUND}, spread over the set; 0: the whole set)")
+    p.add_argument("--arms", choices=("together", "alternate"), default=DEFAULT_ARMS,
+                   help="together (default): control and canary rounds run at the same time, each engine on "
+                        "its own core; alternate: one after the other, the order alternating")
     p.add_argument("--round", dest="round_s", type=units.parse_duration, default=30.0,
                    help="per round and role, stop issuing requests after this long, then drain (default 30s)")
     p.add_argument("--engine-threads", type=int, default=DEFAULT_ENGINE_THREADS,
@@ -852,10 +928,11 @@ def config_from_args(args) -> AnalyzeConfig:
         la = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
               "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     return AnalyzeConfig(
-        model=args.model, prompts=args.prompts, batch_sizes=tuple(args.batch_sizes),
+        model=args.model, prompts=args.prompts, batch_sizes=tuple(sorted(set(args.batch_sizes))),
         engine_urls=tuple(args.engine_url) if args.engine_url else None, engine=args.engine, lookahead=la,
         backend=args.backend, sim_config=args.sim_config, max_tokens=args.max_tokens,
-        requests_per_worker=args.requests_per_worker, round_s=args.round_s, engine_threads=args.engine_threads,
+        requests_per_worker=args.requests_per_worker, prompts_per_round=args.prompts_per_round,
+        arms=args.arms, round_s=args.round_s, engine_threads=args.engine_threads,
         max_rounds=args.max_rounds, budget_s=args.budget,
         time_limit_s=args.time_limit,
         interval_s=args.interval, min_latency_improvement=args.min_latency_improvement,
@@ -877,6 +954,8 @@ def main(args) -> int:
     try:
         cfg = config_from_args(args)
         engines.lookahead_params(cfg.lookahead)
+        if cfg.prompts_per_round < 0:
+            raise ValueError(f"--prompts-per-round must be 0 (the whole set) or more, got {cfg.prompts_per_round}")
     except (ValueError, engines.EngineError) as exc:
         console.print(f"analyze: {exc}", style="red", soft_wrap=True, markup=False)   # one line, never wrapped
         return 2

@@ -38,6 +38,7 @@ from lookahead_operator.measurement.results import GuardCheck, PreflightResult, 
 from lookahead_operator.measurement.stats import (PairedComparison, SequentialComparison, TailComparison, Thresholds,
                                                   compare_tail_latency, family_split, policy_thresholds)
 from lookahead_operator.measurement.verdict import BatchComparison
+from lookahead_operator.measurement.wording import confidence_words
 
 
 def thresholds(spec: LookaheadPolicySpec) -> Thresholds:
@@ -415,6 +416,6 @@ def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
     if r.estimate is None or r.interval is None:
         return GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
     words = (f"promoted pod {pod_ns}/{pod} throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
-             f"{r.interval[1] * 100:+.1f}%] vs the control ({th.confidence * 100:g}% CS, "
+             f"{r.interval[1] * 100:+.1f}%] vs the control ({confidence_words(th.confidence)} CS, "
              f"n={r.n_canary}/{r.n_control})")
     return GuardCheck(r.verdict.value == "Worse", words)

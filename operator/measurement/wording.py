@@ -12,10 +12,16 @@ def _pct(x: float) -> str:
     return f"{abs(x) * 100:.0f}%"
 
 
+def confidence_words(confidence: float) -> str:
+    """A confidence level as people write it: 0.99 -> '99%', 0.991666... -> '99.2%' (a family
+    split's share has many digits; one decimal is all a reader needs)."""
+    return f"{round(confidence * 100, 1):g}%"
+
+
 def _cs(r: ComparisonResult) -> str:
     if r.paired:
-        return f"{r.confidence * 100:g}% CS, {r.n_canary} paired windows"
-    return f"{r.confidence * 100:g}% CS, n={r.n_canary}/{r.n_control}"
+        return f"{confidence_words(r.confidence)} CS, {r.n_canary} paired windows"
+    return f"{confidence_words(r.confidence)} CS, n={r.n_canary}/{r.n_control}"
 
 
 def _change_words(r: ComparisonResult, noun: str) -> str:
@@ -58,7 +64,7 @@ def _tail_words(bv: BatchComparison, prefix: str = "at batch") -> str:
     ch = f" ({x.change * 100:+.0f}%)" if x.change is not None else ""
     return (f"{prefix} {bv.batch_size} {name} per-token latency {_ms(x.control)} -> {_ms(x.canary)}{ch}: the canary's "
             f"is above {_ms(x.canary_bounds[0])}, the control's at most {_ms(x.control_bounds[1])} "
-            f"({t.confidence * 100:g}% CS)")
+            f"({confidence_words(t.confidence)} CS)")
 
 
 def _loss_words(bv: BatchComparison, outcome: BatchOutcome, th: Thresholds, prefix: str = "at batch") -> str:

@@ -136,3 +136,23 @@ def test_vectorised_samples_match_expected_per_token_latency():
         # per-token mean ~ E[time]/E[tokens] for long averages (ratio estimator)
         target = sim.expected_step_seconds(1, spec) * np.exp(0.05**2 / 2) / sim.expected_tokens_per_step(spec)
         assert abs(xs.mean() / target - 1) < 0.03
+
+
+def test_drift_is_one_draw_per_period_of_wall_time():
+    sim = RooflineSimulator(SimConfig(gpu="cpu-2core", model="smollm2-135m", drift_sigma=0.1, drift_period_s=3.0),
+                            seed=1)
+    a, b = sim.drift(now=30.0), sim.drift(now=32.9)
+    assert a == b != 1.0                      # the same period: the same factor
+    c = sim.drift(now=33.0)
+    assert c != a                             # the next period: a new draw
+    factors = [sim.drift(now=3.0 * i) for i in range(2000)]
+    assert abs(np.std(np.log(factors)) - 0.1) < 0.01
+    # without drift the machine keeps its speed
+    assert RooflineSimulator(SimConfig()).drift(now=5.0) == 1.0
+
+
+def test_drift_settings_are_checked():
+    with pytest.raises(ValueError, match="drift"):
+        SimConfig(drift_sigma=-0.1)
+    with pytest.raises(ValueError, match="drift"):
+        SimConfig(drift_period_s=0)

@@ -319,3 +319,11 @@ def test_a_tail_veto_waits_for_the_steps_minimum_samples_like_every_verdict():
     assert early.outcome(TH) is BatchOutcome.PENDING and not early.settled(TH)
     later = BatchComparison(8, win(8).latency, win(8).throughput, None, tail=_tail(True))
     assert later.outcome(TH) is BatchOutcome.REGRESSES
+
+
+def test_a_split_confidence_reads_with_one_decimal():
+    from lookahead_operator.measurement.wording import confidence_words
+
+    assert confidence_words(0.99) == "99%"
+    assert confidence_words(0.95 / 0.95 - 0.05 / 6) == "99.2%"    # 1 - 0.05/6, the demo's per-test share
+    assert confidence_words(0.9875) == "98.8%"
