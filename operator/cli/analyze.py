@@ -65,8 +65,9 @@ DEFAULT_BATCH_SIZES = (1, 8)
 # lookahead's gain differs from prompt to prompt (a prompt whose answer copies code from it gains
 # 3-8x, prose none), so rounds that each take the next prompts of the set vary with the prompt mix;
 # a fixed block leaves only the machine's noise between rounds (docs/analyze.md, "Round-to-round
-# variance"). Four prompts make a batch-1 pair 12-15 s on 2 cores (three: 10 s, but noisier).
-DEFAULT_PROMPTS_PER_ROUND = 4
+# variance"). Three prompts make a batch-1 pair 10 s on 2 cores (15-17 s beside a busy process),
+# and on the code set their gain (-24%) is closer to the whole set's (-27%) than four's (-15%).
+DEFAULT_PROMPTS_PER_ROUND = 3
 # how a round's two roles share the machine: "together" runs the control's and the canary's round at
 # the same time, a core's worth each, so the machine's noise over those seconds lands on both and
 # cancels in their ratio (measured at batch 1, 4-prompt rounds: the per-round log-ratio's standard
