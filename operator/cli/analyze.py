@@ -2,11 +2,12 @@
 
 Starts a control (lookahead off) and a canary (lookahead on) reference engine as local processes
 on the same model -- or uses two engines already running (``--engine-url CONTROL CANARY``) --
-then, for each batch size, drives both with the closed-loop load generator on the same prompt
-stream in short rounds: each round runs the control and then the canary (the order alternates
-round by round), C workers sending one request each, and at least one request per prompt of the
-round's block: the same ``prompts_per_round`` prompts of the set (``round_block``) in both roles
-and in every round, so that what differs from round to round is the machine, not the prompt mix.
+then drives both with the closed-loop load generator in short rounds, one pair of rounds per
+batch size in turn: each round runs the control and the canary at the same time (``--arms
+together``; ``alternate``: one after the other, the order alternating), C workers sending one
+request each, and at least one request per prompt of the round's block: the same
+``prompts_per_round`` prompts of the set (``round_block``) in both roles and in every round, so
+that what differs from round to round is the machine, not the prompt mix.
 
 It measures through the operator's own pipeline; only the source differs. Each engine's
 ``/metrics`` is read just before and just after each of its rounds (``prometheus.scrape_engine``,
@@ -18,8 +19,8 @@ and throughput (generated tokens / the time between the reads) for each role. Th
 operator's ``measure.paired_verdict`` (the paired anytime-valid tests, ``stats.PairedComparison``,
 and the tail veto from the summed buckets), so machine drift slower than a round (another
 process starting, thermal or frequency changes) lands on both roles and cancels in their ratio.
-A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or when its
-share of the time budget is spent, which leaves it Pending. ``confidence`` is that of the whole
+A batch size stops as soon as its verdict is settled (wins, regresses, no gain), or when the
+time left would not hold another of its pairs, which leaves it Pending. ``confidence`` is that of the whole
 decision: each test runs at its share (``stats.family_split``, the operator's split). The
 per-batch verdicts go to ``lookahead_operator.measurement.decision.decide``; the table, the crossover and the
 decision are printed and a report (HTML with PNG plots, JSON) is written.
@@ -423,8 +424,8 @@ class BatchResult:
 
     def pairs(self, m: MetricNames) -> list[prometheus.PairedSample]:
         """Round i of the control and round i of the canary as one paired sample
-        (``prometheus.paired_sample``, the operator's function): they ran back to back on the same
-        prompts (in alternating order), so machine drift slower than a round lands on both and
+        (``prometheus.paired_sample``, the operator's function): they ran on the same prompts at the
+        same time (or back to back, in alternating order), so machine drift lands on both and
         cancels in their ratio."""
         return [prometheus.paired_sample(c, k, m) for c, k in zip(self.control.increments, self.canary.increments)]
 
@@ -618,8 +619,8 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         # hard limit: a role may use its share of what is left of the batch size's budget; requests
         # still running then are cancelled (a slow canary cannot overrun the run)
         if cfg.arms == "together":
-            # both at once, over the same seconds, each engine on its own core: whatever the machine
-            # does meanwhile lands on both (as the operator's windows do)
+            # both at once, over the same seconds, a core's worth each: whatever the machine does
+            # meanwhile lands on both (as the operator's windows do)
             hard = max(1.0, t0 + budget_s - time.monotonic())
             await asyncio.gather(role_round("control", hard), role_round("canary", hard))
         else:
