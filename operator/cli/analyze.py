@@ -632,7 +632,8 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
         last_round_s = time.monotonic() - r0
         res.judge(m, thresholds, cfg.engine)
         elapsed = time.monotonic() - t0
-        log(f"b={c} pair {res.rounds} ({last_round_s:.0f} s) {res.outcome}: latency {_change(res.latency)}, "
+        # within 80 columns after the time stamp: "b=8 #6 (15 s) Regresses: latency +29% [-11,+66], tput ..."
+        log(f"b={c} #{res.rounds} ({last_round_s:.0f} s) {res.outcome}: latency {_change(res.latency)}, "
             f"tput {_change(res.throughput)}")
         if res.verdict.settled(thresholds):
             res.stopped = "settled"

@@ -32,9 +32,12 @@ def _cmp(estimate, interval, n=6) -> ComparisonResult:
 
 def test_the_progress_line_shows_the_interval_through_rich():
     console = Console(width=200, record=True)
-    console.print(f"b=1 pair 3 (15 s) Pending: latency {analyze._change(_cmp(-0.17, (-0.37, 0.03)))}")
+    line = (f"15:19:09 b=8 #6 (15 s) Regresses: latency {analyze._change(_cmp(0.29, (-0.11, 0.66)))}, "
+            f"tput {analyze._change(_cmp(-0.32, (-0.39, -0.21)))}")
+    console.print(line)
     out = console.export_text()
-    assert "latency -17% [-37,+3]" in out
+    assert "latency +29% [-11,+66], tput -32% [-39,-21]" in out
+    assert len(out.rstrip("\n")) <= 80
     assert analyze._change(None) == "-"
     assert analyze._change(_cmp(None, None, n=0)) == "-"
     assert analyze._change(_cmp(-0.1, None, n=2)) == "-10%"
