@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,8 +317,6 @@ class RooflineSimulator:
         lognormal draw per ``drift_period_s``; 1 without drift."""
         if self.config.drift_sigma == 0:
             return 1.0
-        import time
-
         period = int((time.monotonic() if now is None else now) // self.config.drift_period_s)
         if period != self._drift_period:
             self._drift_period, self._drift = period, float(np.exp(self._rng.normal(0.0, self.config.drift_sigma)))

@@ -490,7 +490,7 @@ class AnalyzeResult:
     started_at: float
     wall_s: float
     load_s: float
-    prompt_count: int = 0
+    round_prompts: list[int] = field(default_factory=list)   # the block's lines in the prompt set, 1-based
     files: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -543,7 +543,7 @@ class AnalyzeResult:
             "maxTokens": self.config.max_tokens,
             "arms": self.config.arms,
             # the prompts of the set that every round sent, in both roles (1-based lines of the set)
-            "roundPrompts": [i + 1 for i in round_block(self.prompt_count, self.config.prompts_per_round)],
+            "roundPrompts": self.round_prompts,
             "lookahead": self.config.lookahead,
             "batchSizes": list(self.config.batch_sizes),
             "notMeasured": [c for c in self.config.batch_sizes if c not in {b.batch_size for b in self.batches}],
@@ -587,16 +587,16 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
                          prompts: Sequence[Prompt], c: int, cfg: AnalyzeConfig, thresholds, m: MetricNames,
                          budget_s: float, log: ProgressFn, res: BatchResult | None = None,
                          rounds: int | None = None) -> BatchResult:
-    """Measure batch size ``c`` in rounds until its verdict is settled or ``budget_s`` is spent (or
+    """Measure batch size ``c`` in rounds of ``prompts`` (the round's block, the same every round)
+    until its verdict is settled or ``budget_s`` is spent (or
     ``rounds`` more rounds are done, when given: the sweep's one pair per cycle); with ``res``, go on
     from that earlier measurement (the confidence sequences are valid at every sample count, so
     measuring on is as valid as having measured longer the first time)."""
     res = res or BatchResult(c, RoleMeasurement("control", c), RoleMeasurement("canary", c))
     t0 = time.monotonic()
     stop_at = res.rounds + rounds if rounds is not None else None
-    block = [prompts[i] for i in round_block(len(prompts), cfg.prompts_per_round)]
     cancelled_before = res.control.cancelled + res.canary.cancelled
-    per_round = max(c * cfg.requests_per_worker, len(block)) if cfg.requests_per_worker else None
+    per_round = max(c * cfg.requests_per_worker, len(prompts)) if cfg.requests_per_worker else None
     last_round_s = 0.0
     while True:
         r0 = time.monotonic()
@@ -605,7 +605,7 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
             # the engine's own counters just before and just after the round: the direct source of
             # the operator's pipeline (prometheus.Increments -> paired_sample -> paired_verdict)
             before = await _read(role, urls[role], m, log)
-            step = await loadgen.run_step(client, urls[role], models[role], block, c, requests_per_step=per_round,
+            step = await loadgen.run_step(client, urls[role], models[role], prompts, c, requests_per_step=per_round,
                                           step_duration=min(cfg.round_s, hard), prompt_offset=0,
                                           interval_s=cfg.interval_s, max_duration=hard)
             after = await _read(role, urls[role], m, log)
@@ -654,14 +654,15 @@ async def _measure_batch(client: httpx.AsyncClient, urls: dict[str, str], models
 
 
 def _change(cmp) -> str:
-    """A comparison so far, for the progress line: the change and its interval in percent (rich
-    markup escaped: a bare ``[...]`` would be read as a style and vanish)."""
+    """A comparison so far, for the progress line: ``report.change_words`` (the table's form), its
+    rich markup escaped (a bare ``[...]`` would be read as a style and vanish)."""
+    from rich.markup import escape
+
+    from lookahead_operator.cli.report import change_words
+
     if cmp is None or cmp.estimate is None:
         return "-"
-    text = f"{cmp.estimate:+.0%}"
-    if cmp.interval:
-        text += f" \\[{100 * cmp.interval[0]:+.0f},{100 * cmp.interval[1]:+.0f}]"
-    return text
+    return escape(change_words(cmp.estimate, cmp.interval).removesuffix(" -"))
 
 
 def round_block(n: int, k: int) -> list[int]:
@@ -799,6 +800,9 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
                                                 cfg.confidence, cfg.min_samples,
                                                 cfg.max_tail_latency_regression), len(cfg.batch_sizes))
     prompts = loadgen.load_prompts(cfg.prompts, max_tokens=cfg.max_tokens)
+    # every round sends this block, in both roles (the warm-up too)
+    block_lines = round_block(len(prompts), cfg.prompts_per_round)
+    prompts = [prompts[i] for i in block_lines]
     procs: dict[str, EngineProcess] = {}
     engines_info: dict[str, dict] = {}
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -837,7 +841,7 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
                       planned=list(cfg.batch_sizes))
     return AnalyzeResult(config=cfg, batches=batches, decision=decision, thresholds=thresholds, metric_names=m,
                          engines=engines_info, started_at=started_at, wall_s=time.monotonic() - t0, load_s=load_s,
-                         prompt_count=len(prompts))
+                         round_prompts=[i + 1 for i in block_lines])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,12 @@ def _interval_words(iv: list[float] | None, unit: str = "%") -> str:
     return f"[{_bound_words(iv[0])}{sep}{_bound_words(iv[1])}]{unit}"
 
 
+def change_words(estimate: float | None, interval: list[float] | tuple[float, float] | None) -> str:
+    """``-19% [-30,-10]``: a relative change and its interval in the console's compact form (the
+    table's cells and `analyze`'s progress line)."""
+    return f"{_fmt(estimate, 0, pct=True)} {_interval_words(list(interval) if interval else None, unit='')}"
+
+
 def acceptance_detail(server: Mapping[str, float], m: Any) -> dict[str, Any]:
     """Mean acceptance length and per-position acceptance from an engine's ``/metrics`` deltas
     (``m``: the engine's ``MetricNames``); ``None`` where not measured (no drafts: never 0)."""
@@ -276,8 +282,8 @@ def print_summary(data: dict, console) -> None:
     for r in data["batches"]:
         t.add_row(
             str(r["batchSize"]), _fmt(r["controlTpotMs"], 1), _fmt(r["canaryTpotMs"], 1),
-            f"{_fmt(r['tpotChange'], 0, pct=True)} {_interval_words(r['tpotInterval'], unit='')}",
-            f"{_fmt(r['throughputChange'], 0, pct=True)} {_interval_words(r['throughputInterval'], unit='')}",
+            change_words(r["tpotChange"], r["tpotInterval"]),
+            change_words(r["throughputChange"], r["throughputInterval"]),
             _fmt(r.get("meanAcceptanceLength"), 2),
             f"[{style.get(r['verdict'], '')}]{r['verdict']}",
             str(r.get("rounds", "-")),
