@@ -831,7 +831,10 @@ def run_analysis(cfg: AnalyzeConfig, log: ProgressFn = lambda s: None) -> Analyz
             engines_info = {role: {"url": p.url, "started": True, "argv": p.argv()[1:], "log": str(p.log_path)}
                             for role, p in procs.items()}
         load_s = time.monotonic() - t0
-        log(f"engines ready after {load_s:.1f} s: control {urls['control']}, canary {urls['canary']}")
+        # one line each: both URLs on one line wrap inside the second at 80 columns
+        ready = f"engines ready after {load_s:.1f} s:"
+        log(f"{ready} control {urls['control']}")
+        log(f"{' ' * len(ready)} canary  {urls['canary']}")
         batches = asyncio.run(_sweep(cfg, urls, prompts, thresholds, m, log, run_deadline=t0 + cfg.time_limit_s))
     finally:
         for p in procs.values():
