@@ -794,6 +794,7 @@ def _exports(state: dict) -> str:
         f"# binaries (kubectl, helm): {state['bin_dir']}"
         + (f"\n# real node {state['node']} (pod network {state['pod_subnet']}); Pods reach the apiserver with "
            f"env KUBERNETES_SERVICE_HOST={state['pod_gateway']} KUBERNETES_SERVICE_PORT={state['apiserver_port']}"
+           f"\n# and Prometheus by its Service name, {state.get('prometheus_service_url')} (kube-proxy, CoreDNS)"
            if state.get("node") else "")
     )
 
@@ -839,6 +840,14 @@ def cmd_up(d: Path, node: bool = True) -> int:
             prom = DevPrometheus(d / "prometheus", detached=True)
         prom.start()
         pids["prometheus"] = prom.pid
+        if node:
+            from lookahead_dev.node import PROMETHEUS_SERVICE, publish_host_service
+
+            api = cluster.api_client()
+            try:
+                extra["prometheus_service_url"] = publish_host_service(api, *PROMETHEUS_SERVICE, gateway, prom.port)
+            finally:
+                api.close()
     except BaseException:
         _stop_state({"pids": pids}, d)
         raise

@@ -20,8 +20,11 @@ What it runs (each in its own process group, output in ``<state>/logs``):
 * containerd (Debian's 1.6) with its root, state, socket, CNI config and IPAM data under the
   state dir, and the CRI settings this machine needs (``restrict_oom_score_adj``: no
   CAP_SYS_RESOURCE here);
-* a Linux bridge of its own on a private /24 (no default route in Pods, no masquerade, no
-  forwarding: Pods reach the host's bridge address and each other, nothing else);
+* a Linux bridge of its own on a private /24 (no default route in Pods: Pods reach the host's
+  bridge address, each other and Services' ClusterIPs, routed through the host, nothing else);
+* kube-proxy (iptables mode, every rule removed by ``stop()`` with ``kube-proxy --cleanup``) and
+  CoreDNS (``cluster.local`` on the bridge's host address, the kubelet's ``clusterDNS``): a
+  ClusterIP Service answers from Pods and from the host, and Pods resolve ``SERVICE.NAMESPACE``;
 * kube-scheduler (admin kubeconfig) and a kubelet (its own ``system:node:<name>`` certificate,
   x509 + webhook authentication and authorization, ``cgroupRoot`` ``/<name>`` so its cgroups are
   its own, ``failCgroupV1: false``, ``failSwapOn: false``, ``cgroupDriver: cgroupfs``).
@@ -29,7 +32,8 @@ What it runs (each in its own process group, output in ``<state>/logs``):
 Global paths the kubelet and containerd write whatever their configuration (``/var/log/containers``,
 ``/run/containerd/s``, ``/var/lib/cni``, ``/run/netns``, ``/var/lib/kubelet``) are cleaned by
 ``stop()`` when this node created them; kernel settings the kubelet changes
-(``vm.overcommit_memory``, ``kernel.panic``, ``kernel.panic_on_oops``) are restored. One DevNode
+(``vm.overcommit_memory``, ``kernel.panic``, ``kernel.panic_on_oops``) and the two the node sets for
+Services (``net.ipv4.ip_forward``, ``net.bridge.bridge-nf-call-iptables``) are restored. One DevNode
 per machine at a time (those global paths are shared).
 """
 
@@ -51,7 +55,7 @@ from typing import Iterable, Sequence
 
 from lookahead_canary import process
 from lookahead_dev.devcluster import (
-    K8S_VERSION, DevCluster, DevClusterError, _first_dead, _Proc, cache_dir, free_port, wait_for, write_kubeconfig,
+    K8S_VERSION, SERVICE_CLUSTER_IP_RANGE, DevCluster, DevClusterError, _first_dead, _Proc, cache_dir, free_port, wait_for, write_kubeconfig,
 )
 
 BUILD_HINT = "run `bash hack/build-node.sh` first"
@@ -59,11 +63,15 @@ IMAGES_HINT = "run `bash hack/build-images.sh` first"
 IMAGE_REPOSITORY = "ghcr.io/lookahead-rollout/lookahead-rollout"
 PAUSE_IMAGE = "localhost/lookahead-rollout/pause:3.10"  # keep in step with hack/build-node.sh
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
-NODE_BINARIES = ("kubelet", "kube-scheduler", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
+NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns", "containerd", "containerd-shim-runc-v2",
+                 "ctr", "runc")
 # Paths the kubelet, containerd and the CNI library use whatever they are configured with.
 GLOBAL_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/containerd", "/run/netns",
                "/var/lib/cni")
-SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward",
+           "net/bridge/bridge-nf-call-iptables")
+CLUSTER_DOMAIN = "cluster.local"
+IPTABLES_HINT = "kube-proxy needs iptables: `apt-get install iptables` (`make deps` does it)"
 CGROUP_FS = Path("/sys/fs/cgroup")
 
 
@@ -154,6 +162,41 @@ def _pids_with(text: str) -> list[int]:
     return found
 
 
+def _kube_proxy_rules() -> list[str]:
+    """kube-proxy's iptables and ip6tables lines (chains and rules named KUBE-...) on the machine."""
+    found = []
+    for cmd in ("iptables-save", "ip6tables-save"):
+        if shutil.which(cmd):
+            res = _run([cmd], check=False)
+            found += [f"{cmd}: {line}" for line in res.stdout.splitlines() if "KUBE-" in line]
+    return found
+
+
+def _remove_kube_chains() -> None:
+    """Delete every KUBE-... chain and every rule that jumps to one, in every table, IPv4 and IPv6
+    (one DevNode per machine: those are this node's)."""
+    import shlex
+
+    for cmd in ("iptables", "ip6tables"):
+        if not shutil.which(f"{cmd}-save"):
+            continue
+        table = ""
+        rules: list[tuple[str, list[str]]] = []
+        chains: list[tuple[str, str]] = []
+        for line in _run([f"{cmd}-save"], check=False).stdout.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":KUBE-"):
+                chains.append((table, line[1:].split()[0]))
+            elif line.startswith("-A ") and "KUBE-" in line and not line.split()[1].startswith("KUBE-"):
+                rules.append((table, shlex.split(line)[1:]))
+        for table, rule in rules:
+            _run([cmd, "-w", "5", "-t", table, "-D", *rule], check=False)
+        for flag in ("-F", "-X"):
+            for table, chain in chains:
+                _run([cmd, "-w", "5", "-t", table, flag, chain], check=False)
+
+
 def _cgroup_hierarchies() -> list[Path]:
     """Every mounted cgroup hierarchy (v1 controllers, the named systemd one, the unified one)."""
     roots = []
@@ -231,6 +274,10 @@ class DevNode:
         self._netns_before: set[str] = set()
         self._bridge_made = False
         self._started = False
+        self._kube_proxy: Path | None = None
+        self._kube_proxy_cfg: Path | None = None
+        self.kube_proxy_healthz = 0
+        self.coredns_ready_port = 0
 
     # accessors ------------------------------------------------------------------------------
     @property
@@ -259,8 +306,8 @@ class DevNode:
         talk to the apiserver (an operator installed by ``helm install``): :meth:`apiserver_args`,
         the apiserver bound on every address (the pod bridge does not exist yet when it starts, and
         kube-apiserver binds one address), and the bridge's host address in its certificate.
-        There is no kube-proxy here (it needs iptables or nft, which this machine lacks), so the
-        ``kubernetes`` Service's ClusterIP routes nowhere: such Pods get :meth:`in_cluster_env`."""
+        Such Pods get :meth:`in_cluster_env`: the apiserver on the bridge's host address, the one
+        name its certificate is sure to carry."""
         gateway = str(ipaddress.ip_network(subnet).network_address + 1)
         return {"apiserver_args": DevNode.apiserver_args(cluster_state_dir), "bind_address": "0.0.0.0",
                 "extra_sans": [f"IP:{gateway}"]}
@@ -294,6 +341,8 @@ class DevNode:
                 raise DevNodeError(f"image archive {archive} not found: {BUILD_HINT if archive == pause else IMAGES_HINT}")
         if os.geteuid() != 0:
             raise DevNodeError("a real node needs root (containers, mounts, a bridge, cgroups)")
+        if not (shutil.which("iptables-restore") and shutil.which("ip6tables-restore")):
+            raise DevNodeError(IPTABLES_HINT)
         if not self.cluster.ready():
             raise DevNodeError(f"the cluster at {self.cluster.server} is not ready")
         self._started = True
@@ -310,7 +359,9 @@ class DevNode:
             self._write_kubelet_credentials()
             if self.run_scheduler:
                 self._start_scheduler(bins["kube-scheduler"])
+            self._start_services(bins["kube-proxy"], bins["coredns"])
             self._start_kubelet(bins["kubelet"])
+            self._wait_services()
         except BaseException:
             self.stop()
             raise
@@ -365,7 +416,8 @@ class DevNode:
                     "type": "host-local",
                     "ranges": [[{"subnet": str(self.subnet), "rangeStart": str(hosts[9]), "rangeEnd": str(hosts[-1]),
                                  "gateway": self.gateway}]],
-                    "routes": [],
+                    # Services only: their ClusterIPs through the host, where kube-proxy's rules are.
+                    "routes": [{"dst": SERVICE_CLUSTER_IP_RANGE, "gw": self.gateway}],
                     "dataDir": str(self.state_dir / "cni" / "ipam"),
                 },
             }],
@@ -540,7 +592,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "podLogsDir": str(self.pod_logs),
             "volumePluginDir": str(self.state_dir / "volume-plugins"),
             "resolvConf": "/etc/resolv.conf",
-            "clusterDomain": "cluster.local",
+            # CoreDNS on the host's bridge address (_start_coredns): Pods resolve Service names.
+            "clusterDNS": [self.gateway],
+            "clusterDomain": CLUSTER_DOMAIN,
             # Images are imported, never pulled: never garbage-collect them, and do not evict Pods
             # because a shared development disk is fuller than a node's would be.
             "imageGCHighThresholdPercent": 100,
@@ -553,6 +607,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "protectKernelDefaults": False,
             "staticPodPath": "",
             "shutdownGracePeriod": "0s",
+            # The kubelet's own iptables chains (KUBE-IPTABLES-HINT, KUBE-FIREWALL) are hints for
+            # other components; kube-proxy makes the rules Services need.
+            "makeIPTablesUtilChains": False,
         }
 
     def _start_kubelet(self, binary: Path) -> None:
@@ -584,6 +641,108 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         finally:
             api.close()
         self.timings["kubelet_ready"] = time.monotonic() - t0
+
+    # Services and DNS ----------------------------------------------------------------------
+    def _start_services(self, kube_proxy: Path, coredns: Path) -> None:
+        """kube-proxy (iptables mode) and CoreDNS, started before the kubelet and waited for after
+        it (:meth:`_wait_services`): kube-proxy finds its Node's address once the kubelet has
+        registered it.
+
+        kube-proxy: ``masqueradeAll``, because the pod bridge has no ``br_netfilter`` guarantee
+        for hairpin traffic (a Pod reaching a Service whose endpoint is on the same bridge) and
+        masquerading makes the reply come back through the host, where conntrack reverses the
+        DNAT; ``localhostNodePorts: false`` leaves ``route_localnet`` alone; the ``conntrack``
+        settings left at 0 leave the machine's conntrack table as it is. IPv4 forwarding is on
+        while the node runs (restored by :meth:`stop`): a Service's packets from a Pod come in on
+        the bridge and go out on it again to the endpoint.
+
+        CoreDNS (hack/coredns: bind, errors, health, ready, log, cache, kubernetes) answers
+        ``cluster.local`` from the apiserver on the bridge's host address, port 53, which the
+        kubelet writes into every ClusterFirst Pod's resolv.conf (``clusterDNS``). Other names get
+        REFUSED: this node has no upstream to forward to."""
+        for key, value in (("net/ipv4/ip_forward", "1"), ("net/bridge/bridge-nf-call-iptables", "1")):
+            with contextlib.suppress(OSError):
+                Path("/proc/sys", key).write_text(value + "\n")
+        self.kube_proxy_healthz = free_port()
+        kp_cfg = self.state_dir / "kube-proxy-config.json"
+        kp_cfg.write_text(json.dumps(self._kube_proxy_config(), indent=2) + "\n")
+        self._kube_proxy = kube_proxy
+        self._kube_proxy_cfg = kp_cfg
+        self._spawn("kube-proxy", [str(kube_proxy), f"--config={kp_cfg}", "--v=1"])
+        self.coredns_ready_port = free_port()
+        corefile = self.state_dir / "Corefile"
+        corefile.write_text(self._corefile())
+        self._spawn("coredns", [str(coredns), "-conf", str(corefile)])
+
+    def _kube_proxy_config(self) -> dict:
+        return {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.cluster.kubeconfig)},
+            "hostnameOverride": self.name,
+            "bindAddress": self.gateway,
+            "healthzBindAddress": f"127.0.0.1:{self.kube_proxy_healthz}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "mode": "iptables",
+            "clusterCIDR": str(self.subnet),
+            "detectLocalMode": "ClusterCIDR",
+            "nodePortAddresses": [f"{self.gateway}/32"],
+            "oomScoreAdj": 0,
+            "iptables": {"masqueradeAll": True, "localhostNodePorts": False, "syncPeriod": "30s",
+                         "minSyncPeriod": "0s"},
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s",
+                          "udpTimeout": "0s", "udpStreamTimeout": "0s"},
+        }
+
+    def _corefile(self) -> str:
+        return (
+            ".:53 {\n"
+            f"    bind {self.gateway}\n"
+            f"    ready 127.0.0.1:{self.coredns_ready_port}\n"
+            "    errors\n"
+            f"    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{\n"
+            f"        kubeconfig {self.cluster.kubeconfig}\n"
+            "        pods insecure\n"
+            "        ttl 5\n"
+            "        fallthrough in-addr.arpa ip6.arpa\n"
+            "    }\n"
+            "}\n"
+        )
+
+    def _wait_services(self) -> None:
+        import urllib.request
+
+        def answers(url: str) -> bool:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+
+        t0 = time.monotonic()
+        alive = _first_dead(self._procs)
+        wait_for(lambda: answers(f"http://127.0.0.1:{self.coredns_ready_port}/ready"), self.start_timeout,
+                 "CoreDNS ready", interval=0.1, alive=alive)
+        wait_for(lambda: answers(f"http://127.0.0.1:{self.kube_proxy_healthz}/healthz"), self.start_timeout,
+                 "kube-proxy healthy", interval=0.1, alive=alive)
+        # A rule for the `kubernetes` Service is in place (a REJECT while it has no endpoints, a
+        # DNAT once it has): kube-proxy has synced once.
+        kubernetes_ip = str(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE).network_address + 1)
+        wait_for(lambda: f"-d {kubernetes_ip}/32" in _run(["iptables-save"]).stdout,
+                 self.start_timeout, "kube-proxy's rules for the kubernetes Service", interval=0.2, alive=alive)
+        self.timings["services_ready"] = time.monotonic() - t0
+
+    def _stop_services(self) -> None:
+        """Stop kube-proxy and CoreDNS, then remove every rule kube-proxy made (``--cleanup``)."""
+        for p in [p for p in self._procs if p.name in ("kube-proxy", "coredns")]:
+            p.stop()
+            self._procs.remove(p)
+        if self._kube_proxy is not None and self._kube_proxy_cfg is not None:
+            res = _run([str(self._kube_proxy), f"--config={self._kube_proxy_cfg}", "--cleanup"], check=False,
+                       timeout=60)
+            if res.returncode != 0:
+                raise DevNodeError(f"kube-proxy --cleanup failed: {res.stderr.strip()[-2000:]}")
+            self._kube_proxy_cfg = None
+            # What --cleanup keeps on purpose (the KUBE-FIREWALL chain it shares with a kubelet
+            # that makes its own): this node made it, this node removes it.
+            _remove_kube_chains()
 
     # stop ----------------------------------------------------------------------------------
     def _drain(self, timeout: float) -> None:
@@ -655,6 +814,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             for p in [p for p in self._procs if p.name == name]:
                 step(p.stop)
                 self._procs.remove(p)
+        step(self._stop_services)
         step(self._force_containers)
         for p in list(self._procs):  # containerd
             step(p.stop)
@@ -763,6 +923,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "cgroups": cgroups,
             "directories": dirs,
             "netns": netns,
+            "iptables": _kube_proxy_rules(),
         }
 
     def _pod_pids(self) -> list[int]:
@@ -785,6 +946,39 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# a host process behind a Service name
+
+
+PROMETHEUS_SERVICE = ("monitoring", "prometheus", 9090)  # the shipped example's http://prometheus.monitoring:9090
+
+
+def publish_host_service(api, namespace: str, name: str, port: int, host: str, host_port: int) -> str:
+    """A ClusterIP Service ``name.namespace:port`` (no selector) whose one endpoint is
+    ``host:host_port``, a process on the node's host (the dev Prometheus), as a Service in front
+    of an external or host-network server is in a real cluster. Creates the namespace when it is
+    missing; replaces a Service and EndpointSlice of the same name. Returns the Service's URL."""
+    from kubernetes import client
+
+    core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
+    with contextlib.suppress(client.ApiException):
+        core.create_namespace({"metadata": {"name": namespace}})
+    for delete in (lambda: core.delete_namespaced_service(name, namespace),
+                   lambda: discovery.delete_namespaced_endpoint_slice(name, namespace)):
+        with contextlib.suppress(client.ApiException):
+            delete()
+    core.create_namespaced_service(namespace, {
+        "metadata": {"name": name},
+        "spec": {"type": "ClusterIP", "ports": [{"name": "http", "port": port, "targetPort": host_port}]}})
+    discovery.create_namespaced_endpoint_slice(namespace, {
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": name,
+                                              "endpointslice.kubernetes.io/managed-by": "lookahead-dev"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+        "ports": [{"name": "http", "port": host_port, "protocol": "TCP"}]})
+    return f"http://{name}.{namespace}:{port}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -835,4 +1029,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["DevNode", "DevNodeError", "node_dir", "node_binary", "images_dir", "image_archive", "image_name",
-           "PAUSE_IMAGE", "GLOBAL_DIRS"]
+           "PAUSE_IMAGE", "GLOBAL_DIRS", "PROMETHEUS_SERVICE", "publish_host_service"]

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Build the pieces of a real local node (lookahead_dev.node.DevNode, docs/node.md):
-#   kubelet, kube-scheduler  k8s.io/kubernetes $K8S_VERSION, with the SAME replace list and pins as
-#                            the control plane (hack/controlplane/kubernetes/go.mod), from the Go
+#   kubelet, kube-scheduler, k8s.io/kubernetes $K8S_VERSION, with the SAME replace list and pins as
+#   kube-proxy               the control plane (hack/controlplane/kubernetes/go.mod), from the Go
 #                            module proxy
+#   coredns                  github.com/coredns/coredns, the version and plugins of hack/coredns
+#                            (go.mod, go.sum and main.go committed there: only the plugins the
+#                            node's cluster DNS uses)
 #   bridge, host-local,      github.com/containernetworking/plugins $CNI_VERSION (go install
 #   loopback, portmap        pkg@version: that module has no replace directives)
 #   containerd, ctr, runc    Debian's packages (apt-get download + dpkg-deb -x; no install, no service)
 #   pause image              a 20-line static Go program, packed as an OCI archive (images/ocipack.py)
 #
 # Output: ${LOOKAHEAD_CACHE:-$HOME/.cache/lookahead-rollout}/node-<k8s version>/
-#   bin/        kubelet kube-scheduler containerd containerd-shim-runc-v2 ctr runc pause
+#   bin/        kubelet kube-scheduler kube-proxy coredns containerd containerd-shim-runc-v2 ctr runc pause
 #   cni/        bridge host-local loopback portmap
 #   images/pause.oci.tar
 #   logs/       one log per build step
@@ -22,7 +25,7 @@
 # verified on this machine (cgroup v1, no CAP_SYS_RESOURCE), and CRI v1 is all the kubelet needs.
 # CONTAINERD_FROM=go (unset by default) is not implemented here; see docs/node.md.
 #
-# kubelet and kube-scheduler need modules that kube-apiserver/kubectl do not (cri-streaming, ...),
+# kubelet, kube-scheduler and kube-proxy need modules that kube-apiserver/kubectl do not (cri-streaming, ...),
 # so their go.sum entries are not in hack/controlplane/kubernetes/go.sum. Until that go.mod lists
 # them as tools (regenerate: add `k8s.io/kubernetes/cmd/kubelet` and `.../kube-scheduler` to its
 # tool block, `go mod tidy`; this script does exactly that into src/kubernetes and keeps the
@@ -45,13 +48,14 @@ cni="$root/cni"
 logs="$root/logs"
 src="$root/src"
 imgs="$root/images"
-bins=(kubelet kube-scheduler containerd containerd-shim-runc-v2 ctr runc pause)
+bins=(kubelet kube-scheduler kube-proxy coredns containerd containerd-shim-runc-v2 ctr runc pause)
 cnis=(bridge host-local loopback portmap)
 
 # What the finished build is made of; any change rebuilds what changed.
 stamp_text() {
   echo "$K8S_VERSION cni=$CNI_VERSION pause=$PAUSE_IMAGE"
-  cat "$here/controlplane/kubernetes/go.mod" "$here/controlplane/kubernetes/go.sum" "$repo/images/ocipack.py" | sha256sum | cut -c1-16
+  cat "$here/controlplane/kubernetes/go.mod" "$here/controlplane/kubernetes/go.sum" "$repo/images/ocipack.py" \
+    "$here/coredns/go.mod" "$here/coredns/go.sum" "$here/coredns/main.go" | sha256sum | cut -c1-16
 }
 
 have_all() {
@@ -89,11 +93,14 @@ fail() {  # fail <log> <message>
   exit 1
 }
 
-# ---- kubelet and kube-scheduler ------------------------------------------------------------
+# ---- kubelet, kube-scheduler and kube-proxy ---------------------------------------------------
 kdir="$here/controlplane/kubernetes"
-if ! grep -q 'k8s.io/kubernetes/cmd/kubelet' "$kdir/go.mod" || ! grep -q 'k8s.io/kubernetes/cmd/kube-scheduler' "$kdir/go.mod"; then
+ktools=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy)
+listed=1
+for t in "${ktools[@]}"; do grep -q "$t\$" "$kdir/go.mod" || grep -q "$t " "$kdir/go.mod" || listed=0; done
+if [ $listed = 0 ]; then
   kdir="$src/kubernetes"
-  want="$(cat "$here/controlplane/kubernetes/go.mod" "$here/controlplane/kubernetes/go.sum" | sha256sum | cut -c1-16)"
+  want="$( (cat "$here/controlplane/kubernetes/go.mod" "$here/controlplane/kubernetes/go.sum"; echo "${ktools[*]}") | sha256sum | cut -c1-16)"
   if [ ! -f "$kdir/.from" ] || [ "$(cat "$kdir/.from")" != "$want" ]; then
     log="$logs/kubernetes-module.log"
     echo "  module: deriving $kdir from hack/controlplane/kubernetes (log: $log)"
@@ -101,7 +108,7 @@ if ! grep -q 'k8s.io/kubernetes/cmd/kubelet' "$kdir/go.mod" || ! grep -q 'k8s.io
     cp "$here/controlplane/kubernetes/go.mod" "$here/controlplane/kubernetes/go.sum" "$kdir/"
     if ! (cd "$kdir" \
           && GOFLAGS=-mod=mod go list -m all >before.txt \
-          && go mod edit -tool=k8s.io/kubernetes/cmd/kubelet -tool=k8s.io/kubernetes/cmd/kube-scheduler \
+          && go mod edit $(printf -- '-tool=%s ' "${ktools[@]}") \
           && GOFLAGS=-mod=mod go mod tidy \
           && GOFLAGS=-mod=mod go list -m all >after.txt) >"$log" 2>&1; then
       fail "$log" "deriving the kubelet module failed"
@@ -145,6 +152,13 @@ kx="-X $kv.gitVersion=$K8S_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$(echo "$K8
 kxv="-X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
 build "$kdir" "$bin" kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$kx $kxv"
 build "$kdir" "$bin" kubelet k8s.io/kubernetes/cmd/kubelet "$kx $kxv"
+build "$kdir" "$bin" kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$kx $kxv"
+
+# ---- CoreDNS (the node's cluster DNS) ----------------------------------------------------------
+# Its own module (CoreDNS pins a newer client-go than the control plane's): go.mod and go.sum are
+# committed in hack/coredns, so the build is read-only and reproducible.
+build "$here/coredns" "$bin" coredns lookahead.dev/coredns \
+  "-X github.com/coredns/coredns/coremain.GitCommit=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$here/coredns/go.mod")"
 
 # ---- CNI plugins ---------------------------------------------------------------------------
 cni_stamp="$CNI_VERSION"
@@ -256,7 +270,7 @@ fi
 
 {
   stamp_text
-  echo "kubernetes $K8S_VERSION, cni plugins $CNI_VERSION, $(cat "$bin/.debs.ok"), pause $PAUSE_IMAGE"
+  echo "kubernetes $K8S_VERSION, coredns $(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "$here/coredns/go.mod"), cni plugins $CNI_VERSION, $(cat "$bin/.debs.ok"), pause $PAUSE_IMAGE"
 } >"$root/versions"
 echo "node: built in $(($(date +%s) - start)) s -> $root"
 # sed -n 1p reads everything: head -1 would close the pipe early, and the writer's SIGPIPE would

@@ -112,7 +112,8 @@ def pod_prometheus(devcluster, real_node_holder, tmp_path_factory):
     """Prometheus as a user runs it for pods: Kubernetes pod discovery against the apiserver and
     the scrape jobs of docs/analyze.md (``kubernetes_pod_jobs``), built with Kubernetes service
     discovery by hack/build-prometheus.sh. It listens on every address so that an operator Pod
-    reaches it at the pod bridge's host address, which ``.url`` names."""
+    reaches it at the pod bridge's host address, which ``.url`` names, and through the Service
+    ``prometheus.monitoring:9090`` (``.service_url``, the shipped example's default)."""
     from lookahead_dev.devcluster import kubernetes_pod_jobs, prometheus_sd_binary
 
     node = real_node_holder.get()
@@ -125,6 +126,15 @@ def pod_prometheus(devcluster, real_node_holder, tmp_path_factory):
     failure = _start(prom)
     if failure:
         pytest.fail(f"could not start Prometheus with pod discovery: {failure}", pytrace=False)
+    # and behind a Service, as users run it: the shipped example's URL resolves (CoreDNS) and
+    # routes (kube-proxy) to it from Pods
+    from lookahead_dev.node import PROMETHEUS_SERVICE, publish_host_service
+
+    api = devcluster.api_client()
+    try:
+        prom.service_url = publish_host_service(api, *PROMETHEUS_SERVICE, node.gateway, prom.port)
+    finally:
+        api.close()
     yield prom
     prom.stop()
 

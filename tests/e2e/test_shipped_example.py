@@ -2,9 +2,10 @@
 examples/chat-fleet.yaml with every default of the policy kept.
 
 The operator is installed by `helm install` of the chart as a Pod on the real node, and every
-Pod of the example runs there from the locally built images. Adapted to the test cluster, and
-nothing else:
-* the policy's Prometheus URL (the example's points at an in-cluster Service);
+Pod of the example runs there from the locally built images. The policy is applied verbatim: its
+Prometheus URL, ``http://prometheus.monitoring:9090``, is the e2e Prometheus's Service on the test
+node (CoreDNS resolves it, kube-proxy routes it). The fleet file is adapted to the test cluster,
+and nothing else:
 * the sample fleet's engine backend: the reference engine serves the roofline simulator instead
   of the SmolLM2 weights, so the true answer is known (computed below from the simulator);
 * its CPU request: the example asks for 2 CPUs a replica, a real serving node's size; the test
@@ -20,7 +21,6 @@ fleet exactly.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -74,8 +74,9 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
         else:
             apps.create_namespaced_deployment(d["metadata"]["namespace"], d)
     body = yaml.safe_load((EXAMPLES / "chat-fleet.yaml").read_text())
-    body = copy.deepcopy(body)
-    body["spec"]["analysis"]["prometheus"]["url"] = prometheus.url
+    # The policy exactly as shipped: its Prometheus URL, http://prometheus.monitoring:9090, is the
+    # e2e Prometheus's Service (tests/conftest.py), resolved by CoreDNS and routed by kube-proxy.
+    assert body["spec"]["analysis"]["prometheus"]["url"] == prometheus.service_url
     spec = LookaheadPolicy.from_body(body).spec
     assert spec.load.batch_sizes is None, "the example measures the fleet's own batch sizes (auto)"
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]

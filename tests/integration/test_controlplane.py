@@ -186,6 +186,7 @@ def test_cli_up_status_down(real_node_holder):
     up = subprocess.run([*cli[:3], "up", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=180)
     try:
         assert up.returncode == 0, up.stderr
+        up_out = up.stdout
         exports = dict(re.findall(r"^export (\w+)=(\S+)$", up.stdout, re.M))
         assert Path(exports["KUBECONFIG"]).is_file() and exports["LOOKAHEAD_PROMETHEUS_URL"].startswith("http://10.")
         status = subprocess.run([*cli[:3], "status", *cli[3:]], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -210,6 +211,17 @@ def test_cli_up_status_down(real_node_holder):
             up = wait_for(lambda: prom.custom_query('up{job="kubernetes-pods",pod="engine"} == 1'), 90,
                           "Prometheus to discover and scrape the Pod", interval=0.5)
             assert up[0]["metric"]["namespace"] == "default"
+            # and that Pod reaches Prometheus by the Service name `up` printed (kube-proxy, CoreDNS)
+            assert "http://prometheus.monitoring:9090" in up_out
+            from lookahead_dev.devcluster import control_plane_binary
+
+            probe = ("import urllib.request as u; "
+                     "print(u.urlopen('http://prometheus.monitoring:9090/-/ready', timeout=5).status)")
+            kubectl = [str(control_plane_binary("kubectl")), f"--kubeconfig={exports['KUBECONFIG']}"]
+            res = wait_for(lambda: subprocess.run([*kubectl, "exec", "engine", "--", "python3", "-c", probe],
+                                                  capture_output=True, text=True, timeout=30).stdout.strip() == "200",
+                           60, "the Pod to reach Prometheus through its Service name", interval=0.5)
+            assert res
         finally:
             api.close()
         pids = [int(p) for p in re.findall(r"pid\s+(\d+)\s+running", status.stdout)]

@@ -200,6 +200,39 @@ def test_shell_form_command_starts_the_engine_on_the_pod_ip_and_it_answers_from_
     assert cmdline.startswith("python3 -m lookahead_canary.server --host " + pod_ip + " --port 8000")
 
 
+def test_a_service_answers_by_name_from_a_pod_and_by_cluster_ip_from_the_host(env, engine):
+    """kube-proxy and CoreDNS on the node: a ClusterIP Service in front of the engine answers at its
+    ClusterIP from the host, and from inside a Pod by ``NAME.NAMESPACE`` and by its full name
+    (``getent hosts`` through the Pod's resolv.conf, then HTTP). The Pod asking is the engine
+    itself, so the request goes out to the Service and back to the same Pod (hairpin)."""
+    api, ns = env["api"], engine["ns"]
+    core = client.CoreV1Api(api)
+    svc = core.create_namespaced_service(ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat"},
+        "spec": {"selector": {"app": "engine"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    ip = svc.spec.cluster_ip
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network("10.0.0.0/24")
+
+    def answers_from_host():
+        with urllib.request.urlopen(f"http://{ip}/health", timeout=2) as r:
+            return r.status == 200
+
+    wait_for(answers_from_host, 30, f"the Service's ClusterIP {ip} to answer from the host", interval=0.2)
+    pod = engine["pod"].metadata.name
+    script = (f"getent hosts chat.{ns} && getent hosts chat.{ns}.svc.cluster.local && "
+              f"python3 -c \"import urllib.request as u; print(u.urlopen('http://chat.{ns}/health', timeout=5).status); "
+              f"print(u.urlopen('http://chat.{ns}.svc.cluster.local/metrics', timeout=5).read().decode().count('vllm:'))\"")
+    res = wait_for(lambda: _kubectl(env, "exec", "-n", ns, pod, "--", "/bin/sh", "-c", script),
+                   30, "the Service to answer by name inside the Pod", interval=0.5)
+    lines = res.stdout.split("\n")
+    assert lines[0].split() == [ip, f"chat.{ns}.svc.cluster.local"], res.stdout
+    assert lines[1].split()[0] == ip, res.stdout
+    assert lines[2] == "200" and int(lines[3]) > 0, res.stdout
+    # a name that does not exist is an answer too (NXDOMAIN), not a hang
+    res = _kubectl(env, "exec", "-n", ns, pod, "--", "getent", "hosts", f"nothing.{ns}", check=False)
+    assert res.returncode == 2 and not res.stdout, (res.returncode, res.stdout, res.stderr)
+
+
 def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_real_container(env, engine):
     """The canary the operator renders from the shell-form fleet above (its flags edited into the
     `sh -c` script, the script then run by a real shell in a real container) serves, as PID 1, with
@@ -252,12 +285,18 @@ def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_
 
 
 def test_pods_have_no_route_off_the_node(env, engine):
+    """No default route: a Pod reaches its bridge and, through the host, Services' ClusterIPs."""
     res = _kubectl(env, "exec", "-n", engine["ns"], engine["pod"].metadata.name, "--",
                    "python3", "-c", "print(open('/proc/net/route').read())")
     routes = [line.split() for line in res.stdout.splitlines()[1:] if line.strip()]
     assert routes and all(r[1] != "00000000" for r in routes), res.stdout  # no default route
-    # and the host does not forward for them (the node left ip_forward as it was)
-    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == env["ip_forward"]
+
+    def net(r):  # /proc/net/route: destination and mask, little-endian hex
+        to_ip = lambda h: str(ipaddress.ip_address(int(h, 16).to_bytes(4, "little")))  # noqa: E731
+        return ipaddress.ip_network(f"{to_ip(r[1])}/{to_ip(r[7])}")
+
+    nets = {net(r) for r in routes}
+    assert nets == {env["node"].subnet, ipaddress.ip_network("10.0.0.0/24")}, nets
 
 
 def test_kubectl_logs_reads_the_container_log(env, engine):
@@ -351,7 +390,8 @@ def test_stop_leaves_no_process_mount_bridge_cgroup_or_runtime_directory(env, en
         if not node._preexisting[d]:
             assert not os.path.lexists(d), f"{d} is left"
     assert node.leftovers() == {"processes": [], "mounts": [], "interfaces": [], "cgroups": [],
-                                "directories": [], "netns": []}
+                                "directories": [], "netns": [], "iptables": []}
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == env["ip_forward"]
     for key, value in node._sysctls.items():
         assert Path("/proc/sys", key).read_text().strip() == value
 
