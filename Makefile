@@ -20,23 +20,28 @@ control-plane:
 engines-venv:
 	bash hack/install-engine-venv.sh
 
-# a real node (kubelet, kube-scheduler, containerd, CNI) and the images it runs (docs/node.md)
-node: control-plane
+# a real node (kubelet, kube-scheduler, kube-proxy, CoreDNS, containerd, CNI) and the images it
+# runs (docs/node.md); after deps-system: its `apt-get download` must not race apt-get's lock
+node: deps-system control-plane
 	bash hack/build-node.sh
 
-images: deps-python
+images: deps-system deps-python
 	bash hack/build-images.sh
 
 # Prometheus with Kubernetes pod discovery (Debian's is built without it), for Pods on the real node
-prometheus:
+prometheus: deps-system
 	bash hack/build-prometheus.sh
 
 crds:
 	$(PY) -m lookahead_dev.crdgen
 
-# Two workers: every test on the one real node runs in one of them, in order (tests/conftest.py
-# groups them), and everything else runs beside it in the other (pytest-xdist, --dist loadgroup).
-test: deps
+# The builds first, four at a time: the Go builds keep both cores busy while the downloads (apt,
+# pip, the engines' venv, the images' wheels) wait on the network beside them; each output line is
+# whole (-Oline). Then two workers: every test on the one real node runs in one of them, in order
+# (tests/conftest.py groups them), and everything else beside it in the other (pytest-xdist,
+# --dist loadgroup).
+test:
+	$(MAKE) --no-print-directory -j4 -Oline deps
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
 
 # the layer rules of docs/architecture.md (also checked inside `make test`: tests/unit/test_layers.py)
