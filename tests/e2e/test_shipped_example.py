@@ -71,6 +71,8 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
     for d in fleet_docs(GOOD_GPU):
         if d["kind"] == "Namespace":
             core.create_namespace(d)
+        elif d["kind"] == "Service":
+            core.create_namespaced_service(d["metadata"]["namespace"], d)
         else:
             apps.create_namespaced_deployment(d["metadata"]["namespace"], d)
     body = yaml.safe_load((EXAMPLES / "chat-fleet.yaml").read_text())

@@ -233,6 +233,66 @@ def test_a_service_answers_by_name_from_a_pod_and_by_cluster_ip_from_the_host(en
     assert res.returncode == 2 and not res.stdout, (res.returncode, res.stdout, res.stderr)
 
 
+def test_a_fleet_behind_a_service_fails_no_user_request_through_a_rolling_update_and_a_scale_down(env, tmp_path):
+    """What users of a serving fleet see while its Pods are replaced, as a promotion, a rollback or
+    a restore replaces them: production traffic (open loop, a new connection per request, half of
+    it streamed) through the fleet's Service while the Deployment rolls both Pods and then scales
+    down. A terminating Pod leaves the Service's endpoints at once, but kube-proxy's rules follow
+    a moment later: ``preStop: sleep`` keeps it serving meanwhile, then SIGTERM makes the engine
+    refuse new requests and finish the streams it holds (its grace period is long enough).
+    No request may fail, and requests must have been in flight at every Pod's termination."""
+    from lookahead_dev.traffic import ProductionTraffic, format_failures
+
+    api = env["api"]
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    ns = _namespace(api, "node-serving")
+    dep = _engine_deployment("serving", command=["python3", "-m", "lookahead_canary.server", "--host", "0.0.0.0",
+                                                 "--port", "8000", "--backend", "simulate",
+                                                 "--served-model-name", "chat", "--max-num-seqs", "8"])
+    dep["spec"]["replicas"] = 2
+    dep["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod_spec = dep["spec"]["template"]["spec"]
+    pod_spec["terminationGracePeriodSeconds"] = 30
+    pod_spec["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 3}}}
+    apps.create_namespaced_deployment(ns, dep)
+    svc = core.create_namespaced_service(ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "serving"},
+        "spec": {"selector": {"app": "serving"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    url = f"http://{svc.spec.cluster_ip}"
+
+    def rolled(replicas: int) -> bool:
+        d = apps.read_namespaced_deployment("serving", ns)
+        st = d.status
+        pods = core.list_namespaced_pod(ns, label_selector="app=serving").items
+        for pod in pods:  # every termination seen: when, and which Pod
+            if pod.metadata.deletion_timestamp is not None:
+                terminations.setdefault(pod.metadata.name, time.time())
+        return (st.observed_generation == d.metadata.generation and st.updated_replicas == replicas
+                and st.ready_replicas == replicas and st.replicas == replicas and len(pods) == replicas)
+
+    terminations: dict[str, float] = {}
+    wait_for(lambda: rolled(2), 120, "the serving Deployment available", interval=0.2)
+    traffic = ProductionTraffic(url, out=tmp_path / "traffic.jsonl", schedule="0:4", seed=7, timeout=60,
+                                log=tmp_path / "traffic.log")
+    with traffic:
+        traffic.wait_requests(5, timeout=60, ok=True)
+        t0 = time.time()
+        apps.patch_namespaced_deployment("serving", ns, {"spec": {"template": {"metadata": {
+            "annotations": {"lookahead.test/restarted": str(t0)}}}}})
+        wait_for(lambda: rolled(2), 180, "both Pods replaced", interval=0.2)
+        apps.patch_namespaced_deployment_scale("serving", ns, {"spec": {"replicas": 1}})
+        wait_for(lambda: rolled(1), 120, "scaled down to one Pod", interval=0.2)
+        t1 = time.time()
+        traffic.wait_requests(5, timeout=60, ok=True, started_after=t1)
+    summary = traffic.record.summary(since=t0)
+    print(f"\nproduction traffic through the rollout: {summary.line()}; terminations {len(terminations)}")
+    assert summary.failed == 0 and summary.not_sent == 0, format_failures(summary)
+    assert len(terminations) == 3, terminations  # two rolled, one scaled away
+    reqs = traffic.record.requests(since=t0)
+    for name, at in terminations.items():
+        assert any(r["started_at"] < at < r["ended_at"] for r in reqs), f"nothing in flight when {name} terminated"
+
+
 def test_the_operators_canary_of_a_shell_form_engine_starts_with_lookahead_in_a_real_container(env, engine):
     """The canary the operator renders from the shell-form fleet above (its flags edited into the
     `sh -c` script, the script then run by a real shell in a real container) serves, as PID 1, with
