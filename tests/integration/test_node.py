@@ -1,5 +1,5 @@
 """A real node (lookahead_dev.node.DevNode): containerd + runc + CNI bridge + kubelet +
-kube-scheduler, joined to a DevCluster of this module's own (its kube-apiserver needs
+kube-scheduler + kube-proxy + CoreDNS, joined to a DevCluster of this module's own (its kube-apiserver needs
 DevNode.apiserver_args), running Pods from the locally built images (hack/build-images.sh).
 
 `make deps` builds the node and the images; without them (or without root) the module fails,
