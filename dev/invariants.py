@@ -327,8 +327,13 @@ def check_target_template(deployment: Mapping, original: Mapping | None, policy:
         if original is None:
             return []
     marked = _annotations(deployment).get(ANNOTATION_PROMOTED)
+    lent = _annotations(deployment).get(builders.ANNOTATION_PROMOTED_PODS)
+    if lent and policy is not None and (_phase(policy) in EXACT_PHASES or (gone and _phase(policy) != P.Succeeded.value)):
+        # (a rollback gives the replicas back in the same write that drops the mark)
+        return [f"{ref}: it still lends {lent} replica(s) to a wave Deployment ({builders.ANNOTATION_PROMOTED_PODS}) "
+                f"though policy {policy_key(policy)} is {_phase(policy)}"]
     if canonical(current) == canonical(original):
-        if marked:
+        if marked and not lent:  # (promoted in part: its template stays the original, its wave Deployment runs it)
             return [f"{ref}: annotation {ANNOTATION_PROMOTED}={marked} says promoted, but its pod template is the "
                     "original"]
         return []
@@ -417,12 +422,13 @@ def _deleting(obj: Mapping) -> bool:
 
 
 def check_role_deployments(deployments: Iterable[Mapping]) -> list[str]:
-    """At most one canary and one control Deployment per policy and target (``builders.role_labels``;
-    the target is ``ANNOTATION_SOURCE``, else the target label). Deployments being deleted are gone."""
+    """At most one canary, one control and one wave Deployment per policy and target
+    (``builders.role_labels``; the target is ``ANNOTATION_SOURCE``, else the target label).
+    Deployments being deleted are gone."""
     groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for d in deployments:
         labels = _labels(d)
-        if not _ours(d) or labels.get(LABEL_ROLE) not in ROLES or _deleting(d):
+        if not _ours(d) or labels.get(LABEL_ROLE) not in (*ROLES, builders.ROLE_WAVE) or _deleting(d):
             continue
         pkey = f"{labels.get(LABEL_POLICY_NAMESPACE)}/{labels.get(LABEL_POLICY)}"
         target = _annotations(d).get(ANNOTATION_SOURCE) or f"{_key(d)[0]}/{labels.get(LABEL_TARGET)}"

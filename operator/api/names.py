@@ -37,16 +37,18 @@ ANNOTATION_SOURCE = f"{GROUP}/source"             # on a canary/control: the tar
 LABEL_POLICY = f"{GROUP}/policy"
 # Policy names repeat across namespaces: every selector of ours pairs the name with its namespace.
 LABEL_POLICY_NAMESPACE = f"{GROUP}/policy-namespace"
-LABEL_ROLE = f"{GROUP}/role"                      # canary | control | loadgen
+LABEL_ROLE = f"{GROUP}/role"                      # canary | control | wave | loadgen
 LABEL_TARGET = f"{GROUP}/target"                  # the target Deployment's name
 LABEL_STEP = f"{GROUP}/step"                      # on a load Job: the step (or w<wave> for the guard)
 LABEL_RUN = f"{GROUP}/run"                        # on a load Job: status.progress.loadRun when started
 LABEL_DRIVES = f"{GROUP}/drives"                  # on a load Job: the role it drives (canary, control, promoted)
+LABEL_WAVE = f"{GROUP}/wave"                      # on a wave Deployment's pods: the target they are fleet of
 LABEL_POD = f"{GROUP}/pod"                        # on a load Job: the pod it drives (by IP)
 LABEL_GENERATION = f"{GROUP}/generation"          # on a canary/control: the policy generation that made it
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "lookahead-operator"
 ROLES = ("canary", "control")
+ROLE_WAVE = "wave"                                # a target's wave Deployment: its replicas promoted in part
 
 # --- the same labels as Prometheus sees them
 PROM_LABEL_POLICY = "lookahead_dev_policy"

@@ -127,7 +127,7 @@ WavePercent = Annotated[
         "minimum": 1,
         "maximum": 100,
         "maxLength": 4,
-        "description": "Cumulative share of the fleet promoted by the end of this wave: '10%' or 10.",
+        "description": "Cumulative share of the fleet's serving pods promoted by the end of this wave: '10%' or 10.",
     }),
 ]
 # A Go duration on the wire ("2m"), a timedelta in Python.

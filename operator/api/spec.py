@@ -515,13 +515,14 @@ class PromotionSpec(ApiModel):
     ``full``: lookahead on at every batch size. ``regimeAware``: on only up to the crossover batch
     size (vLLM ``num_speculative_tokens_per_batch_size``, reference ``--lookahead-max-batch-size``).
     ``analysisOnly``: measure and decide, never touch the fleet. ``waves`` are cumulative shares
-    of the fleet's Deployments; each wave soaks for ``waveDuration`` under the guard before the next.
+    of the fleet's serving pods, across its Deployments (``builders.wave_pods``); each wave soaks for ``waveDuration`` under the guard before the next.
     """
 
     mode: PromotionMode = Field(default=PromotionMode.regimeAware, description="full, regimeAware or analysisOnly.")
     waves: list[WavePercent] = Field(
         default_factory=lambda: ["10%", "50%", "100%"], min_length=1, max_length=MAX_WAVES,
-        description="Cumulative share of the fleet per wave, strictly increasing, ending at 100%.",
+        description="Cumulative share of the fleet's serving pods (across its Deployments) per wave, strictly "
+                    "increasing, ending at 100%.",
         json_schema_extra={
             "default": ["10%", "50%", "100%"],
             "x-kubernetes-validations": [

@@ -236,7 +236,11 @@ class TargetStatus(StatusModel):
     name: str
     engine: Optional[str] = Field(default=None, description="The engine detected or given.")
     promoted: bool = False
-    wave: Optional[int] = Field(default=None, ge=1, description="The wave that promoted it.")
+    wave: Optional[int] = Field(default=None, ge=1, description="The wave that promoted it (the first of its pods).")
+    replicas: Optional[int] = Field(default=None, ge=0, description="Its serving replicas: its own plus those "
+                                    "lent to its wave Deployment.")
+    promoted_pods: Optional[int] = Field(default=None, ge=0, description="How many of its replicas run lookahead "
+                                         "(replica waves: fewer than replicas while promoted in part).")
     saved_template: Optional[FreeForm] = Field(default=None, description="The pod template before the first patch.")
     user_edited: Optional[bool] = Field(
         default=None, description="Its pod template was changed by someone else mid-rollout: the user's change wins; "

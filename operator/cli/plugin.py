@@ -294,6 +294,7 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
         crossover = d.get("crossoverBatchSize") or st.get("crossoverBatchSize") or "-"
         out += _wrap(f"decision {d.get('action') or '-'} (crossover {crossover}): {d.get('reason') or ''}".rstrip(),
                      width)
+    out += _fleet_lines(st, width)
     for c in st.get("conditions") or []:
         if isinstance(c, dict):
             out += _wrap(f"  {c.get('type', '-'):<14} {c.get('status', '-'):<6} {c.get('reason', '-')}: "
@@ -301,6 +302,27 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
     rollback = st.get("rollback")
     if isinstance(rollback, dict) and rollback:
         out += _wrap(f"rolled back: {rollback.get('message') or ''}".rstrip(), width)
+    return out
+
+
+def _fleet_lines(st: dict, width: int) -> list[str]:
+    """One line per target once something of the fleet is promoted: how many of its pods run
+    lookahead (a replica wave promotes a Deployment in part), or that its user took it back."""
+    rows = [t for t in st.get("targets") or [] if isinstance(t, dict)]
+    if not any(t.get("promoted") or t.get("userEdited") for t in rows):
+        return []
+    out = []
+    for t in rows:
+        name = f"{t.get('namespace', '-')}/{t.get('name', '-')}"
+        if t.get("userEdited"):
+            state = "left to its user (pod template edited mid-rollout)"
+        elif t.get("promoted"):
+            pods, replicas = t.get("promotedPods"), t.get("replicas")
+            share = f"{pods} of {replicas} pods" if isinstance(pods, int) and isinstance(replicas, int) else "promoted"
+            state = f"lookahead on in {share}" + (f" (since wave {t['wave']})" if t.get("wave") else "")
+        else:
+            state = "not promoted"
+        out += _wrap(f"  target {name}: {state}", width, indent=" " * 6)
     return out
 
 

@@ -87,7 +87,8 @@ def _leave(c: Ctx, a: Action) -> None:
 def _let_go(c: Ctx, d: dict) -> None:
     ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
     with _unless_gone():
-        c.k.patch_deployment(ns, name, b.release_patch())
+        # (its template is the user's; the replicas it lent to a wave Deployment come back)
+        c.k.patch_deployment(ns, name, {**b.give_back_patch(d), **b.release_patch()})
         post_event(c.k, c.body, "Warning", "LeftToUser",
                    f"{ns}/{name}: its pod template was changed by someone else since the operator claimed it; the "
                    "user's change wins: released, and neither promoted nor restored by this policy")
@@ -175,11 +176,16 @@ def _replace_checked(c: Ctx, ns: str, name: str, write) -> None:
 
 
 def _promote(c: Ctx, a: Action) -> None:
-    """Promote each target by replacing its template wholesale with the saved original plus the
-    engine change (``builders.promote_body``, a PUT with the resourceVersion read): never merged onto
-    whatever is live, never over a template its user edited (the next pass leaves that one to them),
-    and a no-op on a target already promoted with this decision."""
+    """Promote each target's pods of this wave (``a.pods``, aligned with ``a.targets``; none given:
+    all of them). Whole: its template replaced wholesale with the saved original plus the engine
+    change (``builders.promote_body``, a PUT with the resourceVersion read), the replicas it lent
+    to a wave Deployment given back in the same write. In part: its wave Deployment runs that many
+    replicas of the promoted template, then the target lends them (``builders.lend_body``: its
+    ``spec.replicas`` that many lower, one PUT), so the fleet never has fewer pods than it had.
+    Never merged onto whatever is live, never over a template its user edited (the next pass leaves
+    that one to them), and a no-op on a target already promoted so with this decision."""
     regime = measure.promotion_regime(c.world.status)
+    pods = dict(zip(a.targets, a.pods))
 
     def write(d: dict) -> None:
         ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
@@ -192,16 +198,57 @@ def _promote(c: Ctx, a: Action) -> None:
         if b.user_edited(d):
             log.warning("%s: not promoting %s/%s: its pod template was edited by its user", c.me, ns, name)
             return
+        engine = fleet.target_of(d, c.spec.engine).engine or "reference"
+
+        def transform(ct: dict) -> dict:
+            return engines.render_lookahead(ct, c.spec.lookahead, regime, engine)
+
+        want = pods.get((ns, name))
+        total = b.fleet_replicas(d)
+        if want is not None and 0 < want < total:
+            if not _ensure_wave(c, d, want, transform, a.decision_id):
+                return  # its pods are starting: a later pass lends once they serve (their status wakes it)
+            if ann.get(ANNOTATION_PROMOTED) == a.decision_id and b.lent_replicas(d) == want:
+                return  # lent before (and not edited since)
+            c.k.replace_deployment(b.lend_body(d, want, a.decision_id))
+            post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {want} of {total} pods of {ns}/{name}")
+            return
         if ann.get(ANNOTATION_PROMOTED) == a.decision_id and ann.get(b.ANNOTATION_PROMOTED_TEMPLATE):
             return  # done before (and not edited since): nothing to write
-        engine = fleet.target_of(d, c.spec.engine).engine or "reference"
-        c.k.replace_deployment(b.promote_body(
-            d, lambda ct: engines.render_lookahead(ct, c.spec.lookahead, regime, engine),
-            engines.is_engine_container, a.decision_id))
+        c.k.replace_deployment(b.promote_body(d, transform, engines.is_engine_container, a.decision_id))
         post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
 
     for ns, name in a.targets:
         _replace_checked(c, ns, name, write)
+
+
+def _ensure_wave(c: Ctx, d: dict, pods: int, transform, decision_id: str) -> bool:
+    """The target's wave Deployment with ``pods`` replicas of the promoted template of this decision:
+    created, or its replicas set (a template of another decision is replaced whole). True once
+    all of them are rolled out and available, so that the target lends replicas only to pods
+    that already serve (the fleet never has fewer serving pods than before); False meanwhile,
+    and while an old one is still being deleted (a later pass creates it)."""
+    want = b.build_wave_deployment(d, c.body, pods, transform, engines.is_engine_container, decision_id)
+    meta = want["metadata"]
+    live = c.k.fresh_deployment(meta["namespace"], meta["name"])
+    if live is None:  # (read fresh just now: create through the API, whatever a lagging cache remembers)
+        (c.k.k if isinstance(c.k, cache.CachedView) else c.k).create_if_absent(want)
+        return False
+    if live["metadata"].get("deletionTimestamp"):
+        return False
+    if (live["metadata"].get("annotations") or {}).get(ANNOTATION_PROMOTED) != decision_id:
+        body = {**want, "metadata": {**want["metadata"], "resourceVersion": live["metadata"]["resourceVersion"]}}
+        body["spec"] = {**want["spec"], "selector": live["spec"]["selector"]}  # (immutable)
+        c.k.replace_deployment(body)
+        return False
+    if int(live["spec"].get("replicas") or 0) != pods:
+        c.k.patch_deployment(meta["namespace"], meta["name"], {"spec": {"replicas": pods}})
+        return False
+    return fleet.deployment_ready(live)
+
+
+def _delete_waves(c: Ctx, a: Action) -> None:
+    c.k.delete_wave_deployments(c.world.namespace, c.world.name, set(a.targets) if a.targets else None)
 
 
 def _restore(c: Ctx, a: Action) -> None:
@@ -217,7 +264,10 @@ def _restore(c: Ctx, a: Action) -> None:
                 _let_go(c, d)
             return
         c.k.replace_deployment(b.restore_body(d))
-        post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template")
+        lent = b.lent_replicas(d)
+        post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template"
+                   + (f" and {lent + int(d['spec'].get('replicas') or 0)} replicas ({lent} given back from its "
+                      "wave Deployment)" if lent else ""))
 
     for ns, name in a.targets:
         _replace_checked(c, ns, name, write)
@@ -233,6 +283,7 @@ ACTIONS = {
     ActionKind.ENSURE_GUARD_LOAD: _ensure_guard_load,
     ActionKind.DELETE_LOAD: _delete_load,
     ActionKind.PROMOTE: _promote,
+    ActionKind.DELETE_WAVES: _delete_waves,
     ActionKind.RESTORE: _restore,
     ActionKind.LEAVE: _leave,
 }

@@ -31,7 +31,9 @@ from lookahead_operator.api.names import (  # noqa: F401 - the names builders pu
     LABEL_RUN,
     LABEL_STEP,
     LABEL_TARGET,
+    LABEL_WAVE,
     MANAGED_BY,
+    ROLE_WAVE,
     ROLES,
 )
 
@@ -298,9 +300,14 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
 #: On a promoted target: the digest of the pod template the operator wrote (``template_digest``).
 #: (One more operator annotation beside those of ``api/names.py``.)
 ANNOTATION_PROMOTED_TEMPLATE = f"{GROUP}/promoted-template"
+#: On a target promoted in part (a replica wave): how many of its replicas the operator lent to the
+#: target's wave Deployment (``build_wave_deployment``), which runs them with lookahead on. Its
+#: ``spec.replicas`` is that many lower than before; restoring gives them back.
+ANNOTATION_PROMOTED_PODS = f"{GROUP}/promoted-pods"
 
 #: Every annotation the operator puts on a target Deployment (and removes when it lets go of it).
-TARGET_ANNOTATIONS = (ANNOTATION_OWNER, ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_PROMOTED, ANNOTATION_PROMOTED_TEMPLATE)
+TARGET_ANNOTATIONS = (ANNOTATION_OWNER, ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_PROMOTED, ANNOTATION_PROMOTED_TEMPLATE,
+                      ANNOTATION_PROMOTED_PODS)
 
 
 def canonical(obj) -> str:
@@ -395,12 +402,13 @@ def user_edited(deployment: dict) -> bool:
     an edit. Anything in the template is (an image, an env var, a flag, ``kubectl rollout restart``'s
     annotation, ``kubectl rollout undo`` back to the original while promoted). False when nothing is
     saved (not claimed), when the saved template is unreadable, and for a promotion written by an
-    operator that recorded no digest (it cannot be told apart)."""
+    operator that recorded no digest (it cannot be told apart). A target promoted in part (a replica
+    wave, ``ANNOTATION_PROMOTED_PODS``) keeps its saved template: that is what it must have."""
     ann = deployment["metadata"].get("annotations") or {}
     if not ann.get(ANNOTATION_ORIGINAL_TEMPLATE):
         return False
     live = (deployment.get("spec") or {}).get("template") or {}
-    if ann.get(ANNOTATION_PROMOTED):
+    if ann.get(ANNOTATION_PROMOTED) and not ann.get(ANNOTATION_PROMOTED_PODS):
         digest = ann.get(ANNOTATION_PROMOTED_TEMPLATE)
         return bool(digest) and template_digest(live) != digest
     try:
@@ -457,7 +465,7 @@ def promote_body(deployment: dict, transform: ContainerTransform, is_engine: Cal
         raise ValueError(f"refusing to promote {deployment['metadata']['name']}: its pod template was edited "
                          "by its user since the operator claimed it")
     patch = promote_patch(deployment, transform, is_engine, decision_id)
-    out = copy.deepcopy(deployment)
+    out = _given_back(deployment)
     out["spec"]["template"] = patch["spec"]["template"]
     out["metadata"]["annotations"] = {**(out["metadata"].get("annotations") or {}),
                                       **patch["metadata"]["annotations"]}
@@ -465,13 +473,14 @@ def promote_body(deployment: dict, transform: ContainerTransform, is_engine: Cal
 
 
 def restore_body(deployment: dict) -> dict:
-    """The Deployment with its saved pod template put back exactly and our annotations removed
+    """The Deployment with its saved pod template put back exactly, the replicas it lent to a wave
+    Deployment given back, and our annotations removed
     (for a full replace, so fields we added to the template do not survive a merge). The caller
     checks ``user_edited`` first: a template its user edited is never restored over."""
     saved = original_template(deployment)
     if saved is None:
         raise ValueError(f"{deployment['metadata']['name']} has no saved template to restore")
-    out = copy.deepcopy(deployment)
+    out = _given_back(deployment)
     out["spec"]["template"] = saved
     annotations = dict(out["metadata"].get("annotations") or {})
     for key in TARGET_ANNOTATIONS:
@@ -487,12 +496,123 @@ def release_patch() -> dict:
     return {"metadata": {"annotations": {key: None for key in TARGET_ANNOTATIONS}}}
 
 
-def wave_members(targets: Iterable[tuple[str, str]], waves_percent: list[float], wave: int) -> list[tuple[str, str]]:
-    """Which targets are promoted once wave ``wave`` (0-based) is done: the first
-    ceil(pct * n / 100) of the targets in a stable order, at least one per wave."""
-    ordered = sorted(targets)
-    if not ordered:
-        return []
+def lent_replicas(deployment: dict) -> int:
+    """How many replicas the target lent to its wave Deployment (``ANNOTATION_PROMOTED_PODS``; 0:
+    none, or an unreadable mark)."""
+    raw = (deployment["metadata"].get("annotations") or {}).get(ANNOTATION_PROMOTED_PODS)
+    try:
+        return max(0, int(raw)) if raw else 0
+    except ValueError:
+        return 0
+
+
+def fleet_replicas(deployment: dict) -> int:
+    """The replicas the target serves with, its own and those lent to its wave Deployment: what a
+    wave's percentage is a share of, and what restoring leaves it with."""
+    replicas = (deployment.get("spec") or {}).get("replicas")
+    return int(1 if replicas is None else replicas) + lent_replicas(deployment)
+
+
+def _given_back(deployment: dict) -> dict:
+    """A copy of the Deployment with the replicas it lent to its wave Deployment given back (its
+    ``spec.replicas`` raised by as many, the mark dropped). "What we took, back": a replica count
+    changed meanwhile by its user or an HPA is kept, plus the lent ones."""
+    out = copy.deepcopy(deployment)
+    lent = lent_replicas(deployment)
+    if lent:
+        out["spec"]["replicas"] = fleet_replicas(deployment)
+    (out["metadata"].get("annotations") or {}).pop(ANNOTATION_PROMOTED_PODS, None)
+    return out
+
+
+def give_back_patch(deployment: dict) -> dict:
+    """A merge patch giving back what the target lent to its wave Deployment (for a target left to
+    its user: its template is theirs, its replicas are not ours to keep)."""
+    if not lent_replicas(deployment):
+        return {}
+    return {"spec": {"replicas": fleet_replicas(deployment)},
+            "metadata": {"annotations": {ANNOTATION_PROMOTED_PODS: None}}}
+
+
+def lend_body(deployment: dict, pods: int, decision_id: str) -> dict:
+    """The target promoted in part: ``pods`` of its fleet replicas (``fleet_replicas``) run in its
+    wave Deployment, so its own ``spec.replicas`` is that many lower and the mark says how many it
+    lent and with which decision. Its pod template is not touched (the user's Deployment keeps
+    owning its pods). For a replacement (PUT) with the resourceVersion read."""
+    total = fleet_replicas(deployment)
+    if not 0 < pods < total:
+        raise ValueError(f"{deployment['metadata']['name']}: a part promotion lends 1..{total - 1} of its "
+                         f"{total} replicas, not {pods}")
+    if original_template(deployment) is None:
+        raise ValueError(f"refusing to promote {deployment['metadata']['name']}: its original template "
+                         "was not saved first")
+    out = copy.deepcopy(deployment)
+    out["spec"]["replicas"] = total - pods
+    annotations = {**(out["metadata"].get("annotations") or {}), ANNOTATION_PROMOTED: decision_id,
+                   ANNOTATION_PROMOTED_PODS: str(pods)}
+    annotations.pop(ANNOTATION_PROMOTED_TEMPLATE, None)
+    out["metadata"]["annotations"] = annotations
+    return out
+
+
+def wave_deployment_name(policy: dict, target: dict) -> str:
+    meta = policy["metadata"]
+    return owned_name(meta.get("namespace"), meta["name"], target["metadata"]["namespace"],
+                      target["metadata"]["name"], ROLE_WAVE)
+
+
+def build_wave_deployment(target: dict, policy: dict, pods: int, transform: ContainerTransform,
+                          is_engine: Callable[[dict], bool], decision_id: str) -> dict:
+    """The target's wave Deployment: ``pods`` replicas of the promoted template (``promote_patch``:
+    the saved original plus the engine change), serving beside the target's own pods. Its pods keep
+    every label of the template, so the fleet's Service sends them their share of the users and
+    the target's selector counts them as fleet (the guard picks them by the decision id on them);
+    they add the policy's labels and ``wave: <target>``, which its own selector requires, so no
+    ReplicaSet of the target's ever adopts them. The Deployment itself is labelled ``role: wave``. Owned by the policy (same namespace) or deleted
+    by its finalizer, like canary and control."""
+    template = promote_patch(target, transform, is_engine, decision_id)["spec"]["template"]
+    labels = role_labels(policy, ROLE_WAVE, target["metadata"]["name"],
+                         int(policy["metadata"].get("generation", 1)))
+    # Its pods are fleet pods: no role label (Prometheus jobs and PodMonitors that keep the fleet
+    # and leave canary and control to the operator's own job see them as fleet), but the policy's
+    # labels and the target they serve for, which its selector requires.
+    selector = {**policy_labels(policy), LABEL_WAVE: target["metadata"]["name"]}
+    tmeta = template.setdefault("metadata", {})
+    tmeta["labels"] = {**(tmeta.get("labels") or {}), **selector}
+    ns = target["metadata"]["namespace"]
+    meta = owned_metadata(policy, wave_deployment_name(policy, target), ns, labels,
+                          {ANNOTATION_SOURCE: f"{ns}/{target['metadata']['name']}", ANNOTATION_PROMOTED: decision_id})
+    spec = {"replicas": pods, "selector": {"matchLabels": selector}, "template": template}
+    for key in ("strategy", "minReadySeconds", "progressDeadlineSeconds"):
+        if key in target["spec"]:
+            spec[key] = copy.deepcopy(target["spec"][key])
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+
+
+def wave_pods(sizes: Iterable[tuple[tuple[str, str], int]], waves_percent: list[float],
+              wave: int) -> dict[tuple[str, str], int]:
+    """How many pods of each target run lookahead once wave ``wave`` (0-based) is done.
+
+    A wave's percentage is a share of the fleet's serving pods (``sizes``: each target's
+    ``fleet_replicas``), across all targets: ceil(pct * total / 100), at least one, filled target
+    by target in a stable order, so at most one target is promoted in part at a time. A target
+    whose count reaches its replicas is promoted whole (its template); one in part lends that many
+    replicas to its wave Deployment. A target of no replicas is promoted with the last wave.
+    Targets not in the result (0 pods) are not promoted yet."""
+    ordered = sorted(sizes)
     pct = waves_percent[min(wave, len(waves_percent) - 1)]
-    count = max(1, math.ceil(pct * len(ordered) / 100 - 1e-9))
-    return ordered[: min(len(ordered), count)]
+    last = pct >= 100
+    total = sum(max(0, n) for _, n in ordered)
+    left = max(1, math.ceil(pct * total / 100 - 1e-9)) if total else 0
+    out: dict[tuple[str, str], int] = {}
+    for key, n in ordered:
+        n = max(0, n)
+        if n == 0:
+            if last:
+                out[key] = 0
+            continue
+        take = n if last else min(n, left)
+        left -= take
+        if take:
+            out[key] = take
+    return out

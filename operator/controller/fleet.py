@@ -3,6 +3,7 @@ state (``world.Target``), read off the Deployment object. Pure functions of API 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from lookahead_operator.controller import builders as b
@@ -18,9 +19,19 @@ def target_of(deployment: dict, spec_engine: Any) -> Target:
     if engine in (None, "auto"):
         engine = engines.detect_engine(deployment["spec"]["template"])
     return Target(namespace=meta["namespace"], name=meta["name"], engine=engine,
-                     owner=ann.get(ANNOTATION_OWNER), saved=bool(ann.get(ANNOTATION_ORIGINAL_TEMPLATE)),
-                     promoted=ann.get(ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
-                     rollout_failed=rollout_failed(deployment))
+                  owner=ann.get(ANNOTATION_OWNER), saved=bool(ann.get(ANNOTATION_ORIGINAL_TEMPLATE)),
+                  promoted=ann.get(ANNOTATION_PROMOTED), rolled_out=deployment_ready(deployment),
+                  rollout_failed=rollout_failed(deployment), replicas=b.fleet_replicas(deployment),
+                  lent=b.lent_replicas(deployment))
+
+
+def with_wave(target: Target, wave_deployment: dict | None) -> Target:
+    """The target with what its wave Deployment (if any) shows: its replicas and whether they are
+    rolled out and available."""
+    if wave_deployment is None:
+        return target
+    return replace(target, wave_replicas=int((wave_deployment.get("spec") or {}).get("replicas") or 0),
+                   wave_ready=deployment_ready(wave_deployment))
 
 
 def deployment_ready(d: dict) -> bool:

@@ -23,6 +23,7 @@ from lookahead_operator.api.names import (
     LABEL_POD,
     LABEL_ROLE,
     LABEL_RUN,
+    LABEL_TARGET,
     ROLES,
 )
 from lookahead_operator.kube.client import Kube, recently_created
@@ -58,6 +59,10 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     keys = {t.key for t in found}
     # Targets we touched that no longer match the selector are still ours to put back.
     world.targets = found + [t for t in known_targets(k, status, spec.engine) if t.key not in keys]
+    waves = {(d["metadata"]["namespace"], (d["metadata"].get("labels") or {}).get(LABEL_TARGET)): d
+             for d in k.wave_deployments(meta["namespace"], meta["name"])}
+    if waves:
+        world.targets = [fleet.with_wave(t, waves.get(t.key)) for t in world.targets]
     roles = {d["metadata"]["labels"][LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
     role_ns = world.roles_namespace = _role_namespace(world, roles)
     world.roles_present = {r: r in roles or recently_created(

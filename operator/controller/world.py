@@ -45,10 +45,24 @@ class Target:
     rolled_out: bool = True           # its latest template is fully rolled out and available
     rollout_failed: str | None = None  # the Deployment's own ProgressDeadlineExceeded message, if any
     user_edited: bool = False         # its pod template is not the one our last write left (builders.user_edited)
+    replicas: int = 1                 # its fleet replicas: its own plus those lent to its wave Deployment
+    lent: int = 0                     # promoted in part: how many replicas run in its wave Deployment (0: none)
+    wave_replicas: int | None = None  # its wave Deployment's spec.replicas (None: there is none)
+    wave_ready: bool = False          # its wave Deployment is rolled out and available
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    @property
+    def whole(self) -> bool:
+        """Promoted whole: its template is the promoted one (not in part, through a wave Deployment)."""
+        return bool(self.promoted) and not self.lent
+
+    @property
+    def promoted_pods(self) -> int:
+        """How many of its pods run lookahead: all when promoted whole, else those it lent."""
+        return self.replicas if self.whole else self.lent if self.promoted else 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,8 @@ class ActionKind(StrEnum):
     ENSURE_LOAD = "EnsureLoadJobs"     # the step's load Jobs exist (run-numbered names)
     ENSURE_GUARD_LOAD = "EnsureGuardLoad"
     DELETE_LOAD = "DeleteLoadJobs"     # every load Job of the policy
-    PROMOTE = "PromoteTargets"
+    PROMOTE = "PromoteTargets"         # each target's pods of this wave: whole (template) or in part (wave Deployment)
+    DELETE_WAVES = "DeleteWaveDeployments"  # the wave Deployments of the given targets (all: none given)
     RESTORE = "RestoreTargets"         # saved template back, exactly
     LEAVE = "LeaveToUser"              # a target its user edited: drop all our marks, never touch its template
 
@@ -128,6 +143,7 @@ class Action:
     run: int | None = None
     wave: int | None = None
     decision_id: str | None = None
+    pods: tuple[int, ...] = ()   # PROMOTE: the pods of each of ``targets`` to run lookahead (its replicas: whole)
     until: datetime | None = None  # ENSURE_LOAD: how long the step may measure (step_deadline)
 
 

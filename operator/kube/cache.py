@@ -163,16 +163,23 @@ class CachedView:
         """Read through to the API: before a write that must see the latest object."""
         return self.k.get_deployment(namespace, name)
 
-    def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
+    def _policy_deployments(self, policy_ns: str, policy_name: str, roles: Iterable[str]) -> list[dict]:
+        """The policy's own Deployments of the given roles (labels), not being deleted."""
         out = []
         for items in self.snap.deployments.values():
             for d in items:
                 labels = d["metadata"].get("labels") or {}
                 if (labels.get(api.LABEL_POLICY) == policy_name and labels.get(api.LABEL_POLICY_NAMESPACE) == policy_ns
                         and labels.get(api.LABEL_MANAGED_BY) == api.MANAGED_BY
-                        and labels.get(api.LABEL_ROLE) in api.ROLES and not d["metadata"].get("deletionTimestamp")):
+                        and labels.get(api.LABEL_ROLE) in roles and not d["metadata"].get("deletionTimestamp")):
                     out.append(d)
         return out
+
+    def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
+        return self._policy_deployments(policy_ns, policy_name, api.ROLES)
+
+    def wave_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
+        return self._policy_deployments(policy_ns, policy_name, (api.ROLE_WAVE,))
 
     def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
         return [p for p in self.snap.pods if p["metadata"]["namespace"] == namespace

@@ -164,6 +164,12 @@ class Kube:
         return [d for d in self._list(f"{_APPS}/deployments", sel)
                 if (d["metadata"].get("labels") or {}).get(api.LABEL_ROLE) in api.ROLES]
 
+    def wave_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
+        """The policy's wave Deployments (``builders.build_wave_deployment``), in every namespace."""
+        sel = (f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_MANAGED_BY}={api.MANAGED_BY},"
+               f"{api.LABEL_ROLE}={api.ROLE_WAVE}")
+        return self._list(f"{_APPS}/deployments", sel)
+
     def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_ROLE}={role}"
         return self._list(f"{_CORE}/namespaces/{namespace}/pods", sel)
@@ -215,6 +221,22 @@ class Kube:
         for d in self.role_deployments(policy_ns, policy_name):
             meta = d["metadata"]
             self._delete(f"{_APPS}/namespaces/{meta['namespace']}/deployments/{meta['name']}")
+            forget_created("Deployment", meta["namespace"], meta["name"])
+            n += 1
+        return n
+
+    def delete_wave_deployments(self, policy_ns: str, policy_name: str,
+                                targets: "set[tuple[str, str]] | None" = None) -> int:
+        """Delete the policy's wave Deployments (of ``targets``, by namespace and target name; all
+        when None), listed through the API."""
+        n = 0
+        for d in self.wave_deployments(policy_ns, policy_name):
+            meta = d["metadata"]
+            if targets is not None and (meta["namespace"], (meta.get("labels") or {}).get(api.LABEL_TARGET)) \
+                    not in targets:
+                continue
+            if not meta.get("deletionTimestamp"):
+                self._delete(f"{_APPS}/namespaces/{meta['namespace']}/deployments/{meta['name']}")
             forget_created("Deployment", meta["namespace"], meta["name"])
             n += 1
         return n

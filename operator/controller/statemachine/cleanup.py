@@ -21,7 +21,9 @@ def _clean_up(ctx: PassContext) -> list[tuple[str, str]]:
     _note_user_edits(ctx)
     promoted = [t.key for t in world.targets if t.owner == world.key and t.promoted and t.key not in ctx.left_to_users]
     if promoted:
-        ctx.act(ActionKind.RESTORE, targets=promoted)
+        ctx.act(ActionKind.RESTORE, targets=promoted)  # (gives back what each lent to its wave Deployment)
+    if any(t.wave_replicas is not None for t in world.targets) or promoted:
+        ctx.act(ActionKind.DELETE_WAVES)
     ctx.act(ActionKind.DELETE_LOAD)
     ctx.act(ActionKind.DELETE_ROLES)
     # (the handler releases only what this policy owns and never drops a promoted one's saved template)
@@ -69,6 +71,9 @@ def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str)
         plan.append(Action(ActionKind.RESTORE, targets=tuple(sorted(promoted))))
     elif promoted:
         plan.append(Action(ActionKind.DISOWN, targets=tuple(sorted(promoted))))
+    # after the restore that gave their replicas back (a target promoted whole has none; a wave
+    # Deployment in another namespace than the policy's has no owner reference to collect it)
+    plan.append(Action(ActionKind.DELETE_WAVES))
     rest = [t.key for t in ours if not t.promoted]
     if rest:
         plan.append(Action(ActionKind.RELEASE, targets=tuple(sorted(rest))))

@@ -124,7 +124,9 @@ def _restart(ctx: PassContext) -> Plan:
     promoted = [t.key for t in world.targets
                 if t.promoted and t.owner == world.key and t.key not in ctx.left_to_users]
     if promoted:
-        ctx.act(ActionKind.RESTORE, targets=promoted)
+        ctx.act(ActionKind.RESTORE, targets=promoted)  # (gives back what each lent to its wave Deployment)
+    if promoted or any(t.wave_replicas is not None for t in world.targets):
+        ctx.act(ActionKind.DELETE_WAVES)
     ctx.act(ActionKind.DELETE_LOAD)
     ctx.act(ActionKind.DELETE_ROLES)
     ctx.events.append(("Normal", "SpecChanged", f"spec changed (generation {world.generation}): measurement restarts"))

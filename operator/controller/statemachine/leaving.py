@@ -24,7 +24,10 @@ def _note_user_edits(ctx: PassContext) -> None:
     recorded = recorded_user_edits(world.status)
     ours = edited_now(world.targets, world.key)
     if ours:
-        ctx.act(ActionKind.LEAVE, targets=ours)
+        ctx.act(ActionKind.LEAVE, targets=ours)  # (gives back what it lent to a wave Deployment)
+    waves = [t.key for t in world.targets if t.key in ctx.left_to_users and t.wave_replicas is not None]
+    if waves:  # its lookahead pods run a template that is no longer its user's
+        ctx.act(ActionKind.DELETE_WAVES, targets=waves)
     engines = {t.key: t.engine for t in world.targets}
     rows = {(r.namespace, r.name): r for r in ctx.status.targets or []}
     for key in ctx.left_to_users:

@@ -26,7 +26,8 @@ def _pending(ctx: PassContext) -> None:
     ctx.act(ActionKind.CLAIM, targets=[t.key for t in world.targets])
     ctx.progress.fingerprint, ctx.progress.fingerprint_generation = world.fingerprint, world.generation
     ctx.progress.started_at = world.now
-    ctx.status.targets = [TargetStatus(namespace=t.namespace, name=t.name, engine=t.engine, promoted=False)
+    ctx.status.targets = [TargetStatus(namespace=t.namespace, name=t.name, engine=t.engine, promoted=False,
+                                        replicas=t.replicas)
                           for t in sorted(world.targets, key=lambda t: t.key)]
     ctx.transition(Phase.Preflight, "TargetsClaimed",
                    f"claimed {len(world.targets)} Deployment(s); checking the workload")

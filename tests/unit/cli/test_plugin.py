@@ -232,3 +232,20 @@ def test_help_documents_the_exit_codes_and_connection_options():
         assert text in verb
     args = parser.parse_args(["pause", "p", "--kubeconfig", "/k", "--context", "c", "-n", "ns"])
     assert (args.kubeconfig, args.context, args.namespace, args.request_timeout) == ("/k", "c", "ns", 10.0)
+
+
+def test_status_says_how_many_pods_of_each_target_run_lookahead():
+    policy = {"metadata": {"name": "p", "namespace": "n"},
+              "status": {"phase": "Promoting", "currentWave": 2, "targets": [
+                  {"namespace": "n", "name": "chat", "promoted": True, "wave": 1, "replicas": 10, "promotedPods": 5},
+                  {"namespace": "n", "name": "chat-b", "promoted": False, "replicas": 2},
+                  {"namespace": "n", "name": "chat-c", "userEdited": True, "promoted": False},
+                  "not-a-row"]}}
+    lines = plugin.format_status(policy, 80)
+    assert "  target n/chat: lookahead on in 5 of 10 pods (since wave 1)" in lines
+    assert "  target n/chat-b: not promoted" in lines
+    assert any(line.startswith("  target n/chat-c: left to its user") for line in lines)
+    assert all(len(line) <= 80 for line in lines)
+    quiet = {"metadata": {"name": "p", "namespace": "n"},
+             "status": {"targets": [{"namespace": "n", "name": "chat", "promoted": False}]}}
+    assert not any("target" in line for line in plugin.format_status(quiet, 80)), "nothing promoted: no fleet lines"

@@ -134,16 +134,100 @@ def test_promote_refuses_without_saved_template():
 
 
 @pytest.mark.parametrize("n,waves,expected", [
-    (10, [10, 50, 100], [1, 5, 10]),
-    (3, [10, 50, 100], [1, 2, 3]),
-    (1, [10, 50, 100], [1, 1, 1]),
+    (10, [10, 50, 100], [1, 5, 10]),     # the fleet: one Deployment of 10 replicas
+    (3, [10, 50, 100], [1, 2, 3]),       # ceil: a wave never rounds down to nothing
+    (1, [10, 50, 100], [1, 1, 1]),       # one replica: promoted whole in wave 1
     (4, [25, 100], [1, 4]),
+    (7, [33, 66, 100], [3, 5, 7]),
 ])
-def test_wave_members_cumulative(n, waves, expected):
-    targets = [("ns", f"d{i:02d}") for i in range(n)]
-    sizes = [len(b.wave_members(targets, waves, w)) for w in range(len(waves))]
-    assert sizes == expected
-    assert b.wave_members(targets, waves, 0) == sorted(targets)[:expected[0]]
+def test_a_wave_is_a_share_of_one_deployments_replicas(n, waves, expected):
+    plans = [b.wave_pods([(("ns", "fleet"), n)], waves, w) for w in range(len(waves))]
+    assert [p[("ns", "fleet")] for p in plans] == expected
+
+
+def test_waves_fill_targets_in_order_so_at_most_one_is_promoted_in_part():
+    sizes = [(("ns", "b"), 4), (("ns", "a"), 4), (("ns", "z"), 0)]
+    waves = [10, 50, 75, 100]
+    assert b.wave_pods(sizes, waves, 0) == {("ns", "a"): 1}
+    assert b.wave_pods(sizes, waves, 1) == {("ns", "a"): 4}
+    assert b.wave_pods(sizes, waves, 2) == {("ns", "a"): 4, ("ns", "b"): 2}
+    # the last wave promotes every target whole, one scaled to zero included
+    assert b.wave_pods(sizes, waves, 3) == {("ns", "a"): 4, ("ns", "b"): 4, ("ns", "z"): 0}
+    assert b.wave_pods([], waves, 0) == {}
+
+
+def claimed(t=None, replicas=10):
+    t = t or target()
+    t["spec"]["replicas"] = replicas
+    t["metadata"]["annotations"].update(b.claim_patch(t, "inference/chat-fleet")["metadata"]["annotations"])
+    return t
+
+
+def test_lending_replicas_to_a_wave_leaves_the_template_and_restore_gives_them_back():
+    t = claimed()
+    saved = json.loads(json.dumps(t["spec"]["template"]))
+    lent = b.lend_body(t, 3, "d1")
+    assert lent["spec"]["replicas"] == 7 and lent["spec"]["template"] == saved
+    ann = lent["metadata"]["annotations"]
+    assert ann[b.ANNOTATION_PROMOTED] == "d1" and ann[b.ANNOTATION_PROMOTED_PODS] == "3"
+    assert b.fleet_replicas(lent) == 10 and b.lent_replicas(lent) == 3
+    assert not b.user_edited(lent), "a part promotion keeps the saved template: no edit"
+    # the next wave lends more from the same fleet of 10
+    more = b.lend_body(lent, 5, "d1")
+    assert more["spec"]["replicas"] == 5 and b.fleet_replicas(more) == 10
+    restored = b.restore_body(more)
+    assert restored["spec"]["replicas"] == 10 and restored["spec"]["template"] == saved
+    assert restored["metadata"]["annotations"] == {"team": "a"}
+    # an HPA or the user scaled it meanwhile: what was lent comes back on top of that
+    more["spec"]["replicas"] = 8
+    assert b.restore_body(more)["spec"]["replicas"] == 13
+    with pytest.raises(ValueError, match="1..9"):
+        b.lend_body(t, 10, "d1")
+
+
+def test_a_user_edit_of_a_target_promoted_in_part_is_seen_and_gives_the_replicas_back():
+    lent = b.lend_body(claimed(), 3, "d1")
+    lent["spec"]["template"]["spec"]["containers"][1]["image"] = "vllm/vllm-openai:v0.13"
+    assert b.user_edited(lent)
+    patch = b.give_back_patch(lent)
+    assert patch["spec"] == {"replicas": 10}
+    assert patch["metadata"]["annotations"] == {b.ANNOTATION_PROMOTED_PODS: None}
+    assert b.give_back_patch(claimed()) == {}
+
+
+def test_promoting_whole_gives_back_what_was_lent():
+    lent = b.lend_body(claimed(), 5, "d1")
+    whole = b.promote_body(lent, add_flag, is_engine, "d1")
+    assert whole["spec"]["replicas"] == 10
+    ann = whole["metadata"]["annotations"]
+    assert b.ANNOTATION_PROMOTED_PODS not in ann and ann[b.ANNOTATION_PROMOTED_TEMPLATE]
+    assert whole["spec"]["template"]["spec"]["containers"][1]["args"][-2:] == ["--speculative-config", "{}"]
+
+
+def test_the_wave_deployment_serves_as_fleet_but_no_replicaset_of_the_target_adopts_its_pods():
+    t = claimed()
+    w = b.build_wave_deployment(t, POLICY, 3, add_flag, is_engine, "d1")
+    assert w["metadata"]["namespace"] == "inference" and w["spec"]["replicas"] == 3
+    assert w["metadata"]["name"] == b.wave_deployment_name(POLICY, t)
+    pod_labels = w["spec"]["template"]["metadata"]["labels"]
+    # the fleet's Service (and the target's selector, which the guard lists by) select its pods
+    assert all(pod_labels[k] == v for k, v in t["spec"]["selector"]["matchLabels"].items())
+    assert pod_labels["tier"] == "gpu"
+    # its own selector needs labels the target's pods never have
+    own = w["spec"]["selector"]["matchLabels"]
+    assert own[b.LABEL_WAVE] == "llm-chat" and own[b.LABEL_POLICY] == "chat-fleet"
+    # fleet pods, not a role of ours: a scrape job that keeps the fleet and drops canary/control keeps them
+    assert b.LABEL_ROLE not in pod_labels and w["metadata"]["labels"][b.LABEL_ROLE] == "wave"
+    assert not all(k in t["spec"]["template"]["metadata"]["labels"] for k in own)
+    assert all(pod_labels[k] == v for k, v in own.items())
+    # the promoted template: the saved original plus the change, marked with the decision
+    assert w["spec"]["template"] == b.promote_patch(t, add_flag, is_engine, "d1")["spec"]["template"] | {
+        "metadata": w["spec"]["template"]["metadata"]}
+    assert w["spec"]["template"]["metadata"]["annotations"][b.ANNOTATION_PROMOTED] == "d1"
+    assert w["metadata"]["labels"][b.LABEL_MANAGED_BY] == b.MANAGED_BY, "never taken for fleet"
+    assert w["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    with pytest.raises(ValueError, match="not saved"):
+        b.build_wave_deployment(target(), POLICY, 3, add_flag, is_engine, "d1")
 
 
 def test_load_job_shape():

@@ -385,6 +385,88 @@ def test_promotion_in_waves_then_guard_then_success():
     assert cond(w.status, ConditionType.Ready).status == "True"
 
 
+def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_guarded():
+    """Issue 22: waves [10%, 50%, 100%] of one Deployment of 10 replicas promote 1, 5, then 10 of
+    its pods: in part through its wave Deployment (the target lends it replicas), then whole (its
+    template), and only then does the wave Deployment go. Each wave waits for its pods and is guarded."""
+    fleet = Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)
+    w = promoting(world(targets=[fleet]))
+    did = w.status.decision.id
+    wave_s = SPEC.promotion.wave_duration.total_seconds()
+    t = 0.0
+    for wave, pods in enumerate([1, 5, 10]):
+        plan, w = run(at(w, t))
+        assert w.status.progress.wave == wave and kinds(plan) == [K.PROMOTE], (wave, kinds(plan))
+        assert plan.actions[0].targets == (("serving", "a"),) and plan.actions[0].pods == (pods,)
+        row = w.status.targets[0]
+        assert (row.promoted, row.replicas, row.promoted_pods, row.wave) == (True, 10, pods, 1)
+        lent = 0 if pods == 10 else pods
+        # promoted, its wave Deployment still starting: the wave waits for it, guards nothing yet
+        now = replace(fleet, promoted=did, lent=lent, wave_replicas=5 if pods == 10 else pods,
+                      wave_ready=False)
+        plan, w = run(replace(at(w, t + 1), targets=[now]))
+        if pods < 10:
+            assert cond(w.status, ConditionType.WaveReady).reason == "RollingOut"
+            assert K.ENSURE_GUARD_LOAD not in kinds(plan)
+        else:  # promoted whole: its own rollout is what counts; the old wave Deployment goes after it
+            assert K.DELETE_WAVES in kinds(plan) and plan.actions[kinds(plan).index(K.DELETE_WAVES)].targets == \
+                (("serving", "a"),)
+        ready = replace(now, wave_ready=True) if pods < 10 else replace(now, wave_replicas=None)
+        plan, w = run(replace(at(w, t + 2), targets=[ready], guard=sm.GuardCheck(False, "ok")))
+        assert K.PROMOTE not in kinds(plan) and K.ENSURE_GUARD_LOAD in kinds(plan), (wave, kinds(plan))
+        assert cond(w.status, ConditionType.WaveReady).status == "True"
+        fleet = ready
+        t += wave_s + 3
+        plan, w = run(replace(at(w, t), targets=[ready]))
+        t += 1
+    assert w.status.phase == Phase.Guarding
+
+
+def test_a_target_lends_replicas_only_once_its_wave_pods_serve_and_within_the_rollout_deadline():
+    w = promoting(world(targets=[Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]))
+    plan, w = run(w)
+    assert [e[1] for e in plan.events].count("WaveStarted") == 1
+    # the wave Deployment is there with its one replica, not yet serving: the target has lent nothing
+    starting = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10, wave_replicas=1)]
+    plan, w2 = run(replace(at(w, 60), targets=starting))
+    assert kinds(plan) == [K.PROMOTE] and plan.actions[0].pods == (1,), "the action lends once the pods serve"
+    assert "WaveStarted" not in [e[1] for e in plan.events], "the wave's clock is not restarted"
+    assert cond(w2.status, ConditionType.WaveReady).reason == "RollingOut"
+    assert w2.status.progress.wave_started_at == w.status.progress.wave_started_at
+    plan = sm.reconcile(replace(at(w, ROLLOUT.total_seconds() + 1), targets=starting, status=w2.status))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "RolloutTimeout"
+    assert "serving/a's wave Deployment" in plan.status.rollback.message
+    assert K.DELETE_WAVES in kinds(plan) and K.PROMOTE not in kinds(plan)
+
+
+def test_a_rollback_mid_wave_gives_the_lent_replicas_back_before_the_wave_deployment_goes():
+    w = promoting(world(targets=[Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]))
+    did = w.status.decision.id
+    _, w = run(w)
+    part = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10, promoted=did, lent=1,
+                   wave_replicas=1, wave_ready=True)]
+    plan = sm.reconcile(replace(at(w, 5), targets=part, guard=sm.GuardCheck(True, "throughput -20% [-25%, -15%]")))
+    assert plan.status.phase == Phase.RolledBack
+    assert kinds(plan)[:2] == [K.RESTORE, K.DELETE_WAVES] and plan.actions[0].targets == (("serving", "a"),)
+    # a wave Deployment whose target had not lent yet (the operator stopped between the two writes)
+    early = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10, wave_replicas=1)]
+    plan = sm.reconcile(replace(at(w, 5), targets=early, abort_requested=True))
+    assert K.DELETE_WAVES in kinds(plan) and K.RESTORE not in kinds(plan)
+
+
+def test_a_target_its_user_edits_mid_wave_gets_its_replicas_back_and_loses_its_wave_deployment():
+    w = promoting(world(targets=[Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]))
+    did = w.status.decision.id
+    _, w = run(w)
+    edited = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10, promoted=did, lent=1,
+                     wave_replicas=1, wave_ready=True, user_edited=True)]
+    plan = sm.reconcile(replace(at(w, 5), targets=edited))
+    got = [(a.kind, a.targets) for a in plan.actions]
+    leave = got.index((K.LEAVE, (("serving", "a"),)))
+    assert any(kind == K.DELETE_WAVES and targets in ((), (("serving", "a"),)) for kind, targets in got[leave:]), got
+    assert not any(kind in (K.PROMOTE, K.RESTORE) for kind, _ in got), got
+
+
 def test_a_deployment_that_starts_matching_mid_rollout_is_left_alone_and_named():
     """Issue 12: serving/c starts matching spec.targets while the rollout measures. It was not in
     the preflight nor in the plan: it is never claimed, promoted or restored, the waves are cut
@@ -527,7 +609,7 @@ def test_spec_change_restarts_measurement_and_restores():
     assert same.status.phase == Phase.Promoting, "a new generation with the same fingerprint (pause) restarts nothing"
     plan = sm.reconcile(replace(w, generation=3, fingerprint="fp2", targets=promoted))
     assert plan.status.phase == Phase.Pending and not plan.status.batches and plan.status.decision is None
-    assert kinds(plan)[:3] == [K.RESTORE, K.DELETE_LOAD, K.DELETE_ROLES]
+    assert kinds(plan)[:4] == [K.RESTORE, K.DELETE_WAVES, K.DELETE_LOAD, K.DELETE_ROLES]
 
 
 def test_a_new_default_from_a_crd_or_operator_upgrade_restarts_nothing():
@@ -648,12 +730,17 @@ def test_deletion_plan_restores_mid_rollout_and_keeps_lookahead_after_success():
     me = "inference/chat-fleet"
     targets = [Target("serving", "a", owner=me, promoted="d1"), Target("serving", "b", owner=me)]
     mid = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding), targets, me)
-    assert [a.kind for a in mid] == [K.DELETE_LOAD, K.DELETE_ROLES, K.RESTORE, K.RELEASE]
+    # (DELETE_WAVES: this policy's wave Deployments, after the restore that gave their replicas back)
+    assert [a.kind for a in mid] == [K.DELETE_LOAD, K.DELETE_ROLES, K.RESTORE, K.DELETE_WAVES, K.RELEASE]
     done = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Succeeded), targets, me)
-    assert [a.kind for a in done] == [K.DELETE_LOAD, K.DELETE_ROLES, K.DISOWN, K.RELEASE]
+    assert [a.kind for a in done] == [K.DELETE_LOAD, K.DELETE_ROLES, K.DISOWN, K.DELETE_WAVES, K.RELEASE]
     other = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Guarding),
                              [Target("serving", "a", owner="x/y", promoted="d1")], me)
-    assert [a.kind for a in other] == [K.DELETE_LOAD, K.DELETE_ROLES], "never touches another policy's targets"
+    assert [a.kind for a in other] == [K.DELETE_LOAD, K.DELETE_ROLES, K.DELETE_WAVES], \
+        "never touches another policy's targets"
+    part = sm.deletion_plan(LookaheadPolicyStatus(phase=Phase.Promoting),
+                            [Target("serving", "a", owner=me, promoted="d1", replicas=10, lent=1)], me)
+    assert [(a.kind, a.targets) for a in part][2:] == [(K.RESTORE, (("serving", "a"),)), (K.DELETE_WAVES, ())]
 
 
 # --- the guard after a regime-aware promotion watches the regime that changed ---------------------

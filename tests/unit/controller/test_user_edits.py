@@ -382,7 +382,7 @@ def test_deleting_the_policy_never_restores_an_edited_target(phase):
     assert K.RELEASE not in plan
     # recorded in the status but still ours (its release failed): still only released
     again = {a.kind: a.targets for a in sm.deletion_plan(status, [tgt("c", promoted="d1")], ME)}
-    assert again == {K.DELETE_LOAD: (), K.DELETE_ROLES: (), K.LEAVE: (("serving", "c"),)}
+    assert again == {K.DELETE_LOAD: (), K.DELETE_ROLES: (), K.LEAVE: (("serving", "c"),), K.DELETE_WAVES: ()}
 
 
 # --- the actions, against a fake API server -------------------------------------------------------------

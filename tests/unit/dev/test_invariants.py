@@ -115,6 +115,18 @@ def test_a_change_beyond_the_promotion_is_found():
     assert inv.check_target_template(p, d["spec"]["template"], pol)
 
 
+def test_a_target_promoted_in_part_keeps_its_original_template_and_must_get_its_replicas_back():
+    d = raw_target()
+    lent = b.lend_body(claimed(d), 1, PROMOTE["id"])     # what actions._promote writes for a replica wave
+    assert inv.check_target_template(lent, d["spec"]["template"], policy_body("Promoting", PROMOTE)) == []
+    found = inv.check_target_template(lent, d["spec"]["template"], policy_body("RolledBack", PROMOTE))
+    assert len(found) == 1 and "lends 1 replica" in found[0]
+    gone = inv.check_target_template(lent, d["spec"]["template"], policy_body("Promoting", PROMOTE), gone=True)
+    assert gone and "lends 1 replica" in gone[0]
+    assert inv.check_target_template(b.restore_body(lent), d["spec"]["template"],
+                                     policy_body("RolledBack", PROMOTE)) == []
+
+
 def test_a_template_edited_without_any_promotion_is_found():
     d = raw_target()
     pol = policy_body("Measuring")
