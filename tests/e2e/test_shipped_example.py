@@ -105,16 +105,26 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
     assert st["decision"]["crossoverBatchSize"] == 8
     assert all(r["samples"]["control"] >= spec.load.min_samples_per_step for r in st["batches"])
 
-    # The first wave (10% of one Deployment: it) promotes chat-reference with the regime cap.
+    # The first wave (10% of the fleet's serving pods: one of chat-reference's two replicas) runs
+    # the regime-capped config on one pod of chat-reference's wave Deployment, which chat-reference
+    # lends a replica to; chat-reference's own template is not touched.
     def promoted():
         d = sanitized(apps, ns, "chat-reference")
-        return d if b.ANNOTATION_PROMOTED in (d["metadata"].get("annotations") or {}) else None
+        ann = d["metadata"].get("annotations") or {}
+        return d if ann.get(b.ANNOTATION_PROMOTED) and ann.get(b.ANNOTATION_PROMOTED_PODS) == "1" else None
 
-    d = wait_for(promoted, timeout=120, interval=1.0, what="chat-reference promoted")
-    args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+    d = wait_for(promoted, timeout=120, interval=1.0, what="one pod of chat-reference promoted")
+    assert d["spec"]["replicas"] == 1 and d["spec"]["template"] == before["spec"]["template"]
+    assert b.original_template(d) == before["spec"]["template"]
+    waves = [w for w in apps.list_namespaced_deployment(ns, label_selector=f"{b.LABEL_ROLE}=wave").items
+             if w.metadata.labels.get(b.LABEL_POLICY) == name]
+    assert len(waves) == 1 and waves[0].spec.replicas == 1, [w.metadata.name for w in waves]
+    args = waves[0].spec.template.spec.containers[0].args
     # on up to the largest batch size measured as a win (1), off from there (loss measured at 8)
     assert "--speculative-config" in args and args[args.index("--lookahead-max-batch-size") + 1] == "1"
-    assert b.original_template(d) == before["spec"]["template"]
+    # its pod serves behind the example's Service, as the fleet's own do
+    assert all(waves[0].spec.template.metadata.labels.get(k) == v
+               for k, v in before["spec"]["selector"]["matchLabels"].items())
 
     # Deleting the policy mid-rollout puts the fleet back exactly and leaves nothing behind.
     custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
@@ -129,8 +139,8 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
     wait_for(gone, timeout=120, interval=1.0, what="policy deleted (finalizer ran)")
     d = sanitized(apps, ns, "chat-reference")
     assert d["spec"]["template"] == before["spec"]["template"]
-    assert not {b.ANNOTATION_OWNER, b.ANNOTATION_ORIGINAL_TEMPLATE, b.ANNOTATION_PROMOTED} & set(
-        d["metadata"].get("annotations") or {})
+    assert d["spec"]["replicas"] == before["spec"]["replicas"] == 2, "the lent replica is given back"
+    assert not set(b.TARGET_ANNOTATIONS) & set(d["metadata"].get("annotations") or {})
     assert sanitized(apps, ns, "chat-vllm")["spec"] == untouched["spec"], "not a target: never touched"
     wait_for(lambda: any(e.reason == "Restored" for e in events_of(core, ns, name)), timeout=30,
              what="a Restored event (events are posted off the critical path)")
