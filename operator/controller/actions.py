@@ -231,8 +231,8 @@ def _ensure_wave(c: Ctx, d: dict, pods: int, transform, decision_id: str) -> boo
     want = b.build_wave_deployment(d, c.body, pods, transform, engines.is_engine_container, decision_id)
     meta = want["metadata"]
     live = c.k.fresh_deployment(meta["namespace"], meta["name"])
-    if live is None:  # (read fresh just now: create through the API, whatever a lagging cache remembers)
-        (c.k.k if isinstance(c.k, cache.CachedView) else c.k).create_if_absent(want)
+    if live is None:
+        c.k.create_if_absent(want)  # (a lagging cache that still lists it: a later pass creates it)
         return False
     if live["metadata"].get("deletionTimestamp"):
         return False
@@ -266,8 +266,8 @@ def _restore(c: Ctx, a: Action) -> None:
         c.k.replace_deployment(b.restore_body(d))
         lent = b.lent_replicas(d)
         post_event(c.k, c.body, "Warning", "Restored", f"{ns}/{name} restored to its saved pod template"
-                   + (f" and {lent + int(d['spec'].get('replicas') or 0)} replicas ({lent} given back from its "
-                      "wave Deployment)" if lent else ""))
+                   + (f" and {b.fleet_replicas(d)} replicas ({lent} given back from its wave Deployment)"
+                      if lent else ""))
 
     for ns, name in a.targets:
         _replace_checked(c, ns, name, write)

@@ -85,6 +85,8 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
         traffic.wait_requests(3, timeout=60, ok=True)
         t0 = time.time()
         watcher.start()
+        # (one batch size: the waves are the point, and a second measured step would add a minute;
+        # the waves are the issue's [10%, 50%, 100%], which is also the default)
         apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["10%", "50%", "100%"]))
         try:
             st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") in

@@ -20,10 +20,7 @@ def _clean_up(ctx: PassContext) -> list[tuple[str, str]]:
                                                          ActionKind.ENSURE_GUARD_LOAD, ActionKind.PROMOTE)]
     _note_user_edits(ctx)
     promoted = [t.key for t in world.targets if t.owner == world.key and t.promoted and t.key not in ctx.left_to_users]
-    if promoted:
-        ctx.act(ActionKind.RESTORE, targets=promoted)  # (gives back what each lent to its wave Deployment)
-    if any(t.wave_replicas is not None for t in world.targets) or promoted:
-        ctx.act(ActionKind.DELETE_WAVES)
+    _restore(ctx, promoted)
     ctx.act(ActionKind.DELETE_LOAD)
     ctx.act(ActionKind.DELETE_ROLES)
     # (the handler releases only what this policy owns and never drops a promoted one's saved template)
@@ -32,6 +29,15 @@ def _clean_up(ctx: PassContext) -> list[tuple[str, str]]:
         ctx.act(ActionKind.RELEASE, targets=rest)
     ctx.status.targets = [r.model_copy(update={"promoted": False}) for r in ctx.status.targets or []] or None
     return promoted
+
+
+def _restore(ctx: PassContext, promoted: list[tuple[str, str]]) -> None:
+    """Restore the ``promoted`` targets (which gives back what each lent to its wave Deployment),
+    then delete the policy's wave Deployments, if any is seen or any target was promoted."""
+    if promoted:
+        ctx.act(ActionKind.RESTORE, targets=promoted)
+    if promoted or any(t.wave_replicas is not None for t in ctx.world.targets):
+        ctx.act(ActionKind.DELETE_WAVES)
 
 
 def _stop(ctx: PassContext, phase: Phase, reason: str, message: str, warning: bool = True) -> None:

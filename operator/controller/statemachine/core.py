@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lookahead_operator.controller.statemachine.cleanup import _clean_up, _roll_back, _stop
+from lookahead_operator.controller.statemachine.cleanup import _clean_up, _restore, _roll_back, _stop
 from lookahead_operator.controller.statemachine.clocks import _paused
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.deciding import _deciding
@@ -123,10 +123,7 @@ def _restart(ctx: PassContext) -> Plan:
     # (a target its user edited is not restored: the new rollout's claim saves its template as it is)
     promoted = [t.key for t in world.targets
                 if t.promoted and t.owner == world.key and t.key not in ctx.left_to_users]
-    if promoted:
-        ctx.act(ActionKind.RESTORE, targets=promoted)  # (gives back what each lent to its wave Deployment)
-    if promoted or any(t.wave_replicas is not None for t in world.targets):
-        ctx.act(ActionKind.DELETE_WAVES)
+    _restore(ctx, promoted)
     ctx.act(ActionKind.DELETE_LOAD)
     ctx.act(ActionKind.DELETE_ROLES)
     ctx.events.append(("Normal", "SpecChanged", f"spec changed (generation {world.generation}): measurement restarts"))

@@ -27,8 +27,8 @@ def _promoting(ctx: PassContext) -> None:
         # (waves are cumulative: nothing of ours changed in this wave, so there is nothing to guard;
         # a wave that adds no pod to the one before (a fleet too small to split finer) still soaks
         # under its guard)
-        why = "every target of it is left to its user"
-        ctx.events.append(("Normal", "WaveSkipped", f"wave {wave + 1}/{len(waves)}: {why}"))
+        ctx.events.append(("Normal", "WaveSkipped", f"wave {wave + 1}/{len(waves)}: every target of it is left "
+                                                    "to its user"))
         _next_wave(ctx, wave)
         return
     broken = [t for t in world.targets if t.key in members and t.promoted and t.rollout_failed]
@@ -41,11 +41,10 @@ def _promoting(ctx: PassContext) -> None:
     pending = [k for k in members if not _done(by_key[k], plan[k], decision_id)]
     _mark_promoted(ctx, plan, wave)
     if pending:
-        ctx.act(ActionKind.PROMOTE, targets=pending, decision_id=decision_id,
-                pods=tuple(plan[k] if plan[k] < by_key[k].replicas else by_key[k].replicas for k in pending))
+        ctx.act(ActionKind.PROMOTE, targets=pending, decision_id=decision_id, pods=tuple(plan[k] for k in pending))
         # a target promoted in part lends its replicas only once its wave Deployment's pods serve:
         # until then it stays pending, on the wave's clock (started when the wave's PROMOTE was new)
-        starting = [k for k in pending if plan[k] < by_key[k].replicas and by_key[k].wave_replicas == plan[k]]
+        starting = [k for k in pending if _in_part(by_key[k], plan[k]) and by_key[k].wave_replicas == plan[k]]
         if len(starting) < len(pending):
             progress.wave_started_at = world.now
             ctx.events.append(("Normal", "WaveStarted", f"wave {wave + 1}/{len(waves)} ({waves[wave]}%): "
@@ -89,12 +88,18 @@ def _next_wave(ctx: PassContext, wave: int) -> None:
     ctx.wait(0)
 
 
+def _in_part(t: Target, pods: int) -> bool:
+    """Whether ``pods`` of target ``t`` (a count from ``wave_pods``) promote it in part, through its
+    wave Deployment, rather than whole."""
+    return pods < t.replicas
+
+
 def _done(t: Target, pods: int, decision_id: str) -> bool:
     """Whether target ``t`` already runs ``pods`` pods of this decision (promoted whole when that is
     all of its replicas)."""
     if t.promoted != decision_id:
         return False
-    if pods >= t.replicas:
+    if not _in_part(t, pods):
         return t.whole
     # in part: lent, and its wave Deployment there to run them (one deleted under us is made again)
     return not t.whole and t.lent == pods and t.wave_replicas == pods
@@ -102,9 +107,8 @@ def _done(t: Target, pods: int, decision_id: str) -> bool:
 
 def _pods_words(plan: dict[tuple[str, str], int], by_key: dict[tuple[str, str], Target],
                 keys: list[tuple[str, str]]) -> str:
-    return ", ".join(f"{ns}/{n}" + ("" if plan[(ns, n)] >= by_key[(ns, n)].replicas
-                                    else f" ({plan[(ns, n)]} of {by_key[(ns, n)].replicas} pods)")
-                     for ns, n in keys)
+    return ", ".join(f"{k[0]}/{k[1]}" + (f" ({plan[k]} of {by_key[k].replicas} pods)"
+                                         if _in_part(by_key[k], plan[k]) else "") for k in keys)
 
 
 def _rolled_out(t: Target) -> bool:
@@ -149,8 +153,7 @@ def _mark_promoted(ctx: PassContext, plan: dict[tuple[str, str], int], wave: int
             continue
         key = (row.namespace, row.name)
         on = key in plan
-        replicas = sizes.get(key, row.replicas)
-        pods = (plan[key] if replicas is None else min(plan[key], replicas)) if on else 0
         rows.append(row.model_copy(update={"promoted": on, "wave": (row.wave or wave + 1) if on else None,
-                                           "replicas": replicas, "promoted_pods": pods}))
+                                           "replicas": sizes.get(key, row.replicas),
+                                           "promoted_pods": plan.get(key, 0)}))
     ctx.status.targets = rows

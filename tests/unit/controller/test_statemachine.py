@@ -439,12 +439,18 @@ def test_a_target_lends_replicas_only_once_its_wave_pods_serve_and_within_the_ro
     assert K.DELETE_WAVES in kinds(plan) and K.PROMOTE not in kinds(plan)
 
 
-def test_a_rollback_mid_wave_gives_the_lent_replicas_back_before_the_wave_deployment_goes():
+def in_first_replica_wave():
+    """A policy in the first wave over one Deployment of 10 replicas, and that Deployment as observed
+    once it lent 1 replica to its (ready) wave Deployment."""
     w = promoting(world(targets=[Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]))
-    did = w.status.decision.id
     _, w = run(w)
-    part = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10, promoted=did, lent=1,
-                   wave_replicas=1, wave_ready=True)]
+    return w, Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10,
+                     promoted=w.status.decision.id, lent=1, wave_replicas=1, wave_ready=True)
+
+
+def test_a_rollback_mid_wave_gives_the_lent_replicas_back_before_the_wave_deployment_goes():
+    w, lent = in_first_replica_wave()
+    part = [lent]
     plan = sm.reconcile(replace(at(w, 5), targets=part, guard=sm.GuardCheck(True, "throughput -20% [-25%, -15%]")))
     assert plan.status.phase == Phase.RolledBack
     assert kinds(plan)[:2] == [K.RESTORE, K.DELETE_WAVES] and plan.actions[0].targets == (("serving", "a"),)
@@ -455,11 +461,8 @@ def test_a_rollback_mid_wave_gives_the_lent_replicas_back_before_the_wave_deploy
 
 
 def test_a_target_its_user_edits_mid_wave_gets_its_replicas_back_and_loses_its_wave_deployment():
-    w = promoting(world(targets=[Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]))
-    did = w.status.decision.id
-    _, w = run(w)
-    edited = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10, promoted=did, lent=1,
-                     wave_replicas=1, wave_ready=True, user_edited=True)]
+    w, lent = in_first_replica_wave()
+    edited = [replace(lent, user_edited=True)]
     plan = sm.reconcile(replace(at(w, 5), targets=edited))
     got = [(a.kind, a.targets) for a in plan.actions]
     leave = got.index((K.LEAVE, (("serving", "a"),)))
