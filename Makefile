@@ -38,11 +38,12 @@ crds:
 # The builds first, four at a time: the Go builds keep both cores busy while the downloads (apt,
 # pip, the engines' venv, the images' wheels) wait on the network beside them; each output line is
 # whole (-Oline). Then two workers: every test on the one real node runs in one of them, in order
-# (tests/conftest.py groups them), and everything else beside it in the other (pytest-xdist,
-# --dist loadgroup).
+# (tests/conftest.py groups them; the scenarios of one e2e module run at the same time on it:
+# tests/e2e/together.py), and everything else beside it in the other (pytest-xdist, --dist
+# loadgroup). The slowest 25 are listed at the end, where the time goes.
 test:
 	$(MAKE) --no-print-directory -j4 -Oline deps
-	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
+	$(PY) -m pytest -q -ra -n 2 --dist loadgroup --durations=25
 
 # the layer rules of docs/architecture.md (also checked inside `make test`: tests/unit/test_layers.py)
 lint-imports: deps-python

@@ -104,13 +104,18 @@ def apis(kube_api):
 
 
 @pytest.fixture(autouse=True)
-def fresh_namespaces(kube_api):
+def fresh_namespaces(request, kube_api):
     """Each test's namespaces are deleted when it ends (while its operator still runs, so that
     policies' finalizers restore their targets): on the real node, a finished test's engines
     would otherwise keep their CPU requests and leave the next test's load Jobs unschedulable on
     this 2-core machine. Deleting a namespace under a live policy is also a fault users make: its
     Deployments go first, and the policy's finalizer must still finish (it once wedged on their
-    404s, and the namespace with it). A namespace still there after 120 s fails the test."""
+    404s, and the namespace with it). A namespace still there after 120 s fails the test. (In a
+    module whose scenarios run together, tests/e2e/together.py, its ``running`` fixture does this
+    for all of them at once.)"""
+    if "running" in request.fixturenames:
+        yield
+        return
     core = client.CoreV1Api(kube_api)
     before = {n.metadata.name for n in core.list_namespace().items}
     yield
@@ -126,15 +131,20 @@ def fresh_namespaces(kube_api):
 
 
 @pytest.fixture(autouse=True)
-def invariants(kube_api, crd_installed):
+def invariants(request, kube_api, crd_installed):
     """The invariants of lookahead_dev.invariants, checked on every watch event throughout each
     end-to-end test (targets' templates exact or exactly promoted, one canary and one control,
     no orphans, load within its concurrency, decisions backed by wins, allowed phase moves).
 
     ``strict_decisions=False``: a regime-aware promotion at the deadline may leave a planned batch
     size above the measured wins unsettled (lookahead stays off there, by design: issue 11); the
-    check is then that every batch size where lookahead is switched on has a settled Wins row."""
+    check is then that every batch size where lookahead is switched on has a settled Wins row.
+    (In a module whose scenarios run together, one watcher sees them all: ``running.watcher``.)"""
     from lookahead_dev.invariants import InvariantWatcher
+
+    if "running" in request.fixturenames:
+        yield request.getfixturevalue("running").watcher
+        return
 
     watcher = InvariantWatcher(kube_api, strict_decisions=False)
     watcher.start()
@@ -233,8 +243,9 @@ def reliability(request):
     """A fault test's row of docs/reliability.md: ``expect()`` before the fault, ``observed()``
     after; the row is written when the test ends, passed or failed."""
     from . import reliability as rel
+    from .together import recorder_of
 
-    rec = rel.Recorder(request.node.nodeid)
+    rec = recorder_of(request) or rel.Recorder(request.node.nodeid)
     yield rec
     if rec.row is None:
         return

@@ -9,6 +9,8 @@
   still accepts connections, nothing answers, not even /metrics) -> Prometheus gets no canary
   sample, so the step has no answer; it waits for data until the analysis deadline, which ends
   the rollout Inconclusive with nothing promoted (a safe, exact state, not a guess).
+The scenarios run at the same time, each in its own namespaces, on the module's one operator
+(tests/e2e/together.py): each fault is local to its scenario (its own proxy, quota, pod).
 """
 
 from __future__ import annotations
@@ -23,10 +25,18 @@ from lookahead_operator.controller import builders as b
 from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
+from . import together
 from .helpers import (GOOD_GPU, apply_policy, deploy_fleet, events_of, measuring_under_load, no_leftovers, policy,
                       sanitized, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+scenarios = together.Scenarios()
+
+
+@pytest.fixture(scope="module")
+def running(request, kube_api, operator_process, prometheus, tmp_path_factory):
+    yield from scenarios.run(request, kube_api, operator_process, prometheus, tmp_path_factory)
 
 
 def _canary_pod(core, ns) -> str:
@@ -42,8 +52,12 @@ def _measured_a_while(custom, ns):
     return st if n >= 2 else None
 
 
-def test_the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(apis, operator_process, prometheus,
-                                                                          reliability):
+@scenarios.add
+def the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("The canary's pod deleted mid-step (grace 0); its Deployment starts a new one",
                        "LoadRestarted: the step starts again on load aimed at the new pod; the policy decides as "
                        "without the fault (batch 1 Wins, PromoteRegimeAware), fleet untouched (analysisOnly)")
@@ -85,8 +99,12 @@ def _container_pids(pod: str) -> list[int]:
     return out
 
 
-def test_a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(apis, operator_process, prometheus,
-                                                                         reliability):
+@scenarios.add
+def a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("The canary's engine hangs mid-step (its processes SIGSTOPped: connections accepted, "
                        "nothing answered, /metrics included)", "no canary samples: no answer for the step; "
                        "Inconclusive at the analysis deadline (2 m here), nothing promoted, the fleet untouched")
@@ -119,3 +137,13 @@ def test_a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(apis, o
     assert not any(e.reason == "Promoted" for e in events_of(core, ns, "chat"))
     assert sanitized(apps, ns, "chat-a")["spec"] == before, "nothing was promoted"
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+
+
+# the tests: each waits for its scenario, all started together by ``running``
+
+def test_the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(running, request, reliability):
+    running.result(request)
+
+
+def test_a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(running, request, reliability):
+    running.result(request)

@@ -15,6 +15,8 @@ engines):
 Prometheus "outages" cut the operator's path to the real Prometheus with a TCP proxy that
 refuses connections while down (Prometheus itself keeps scraping, as when a network path or a
 Service breaks).
+The scenarios run at the same time, each in its own namespaces, on the module's one operator
+(tests/e2e/together.py): each fault is local to its scenario (its own proxy, quota, pod).
 """
 
 from __future__ import annotations
@@ -29,10 +31,18 @@ from lookahead_operator.controller import builders as b
 from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import free_port, wait_for
 
+from . import together
 from .helpers import (FLEET, GOOD_GPU, apply_policy, conditions, deploy_fleet, engine_deployment, events_of,
                       get_policy, make_namespace, no_leftovers, policy, sanitized, saved_templates, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+scenarios = together.Scenarios()
+
+
+@pytest.fixture(scope="module")
+def running(request, kube_api, operator_process, prometheus, tmp_path_factory):
+    yield from scenarios.run(request, kube_api, operator_process, prometheus, tmp_path_factory)
 
 
 class Outage:
@@ -100,8 +110,12 @@ class Outage:
                     pass
 
 
-def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operator_process, prometheus,
-                                                                    reliability):
+@scenarios.add
+def promoted_template_that_cannot_roll_out_is_restored_exactly(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("A promoted template cannot roll out (a ResourceQuota refuses the surge pod)",
                        "RolledBack with RolloutFailed on the Deployment's own ProgressDeadlineExceeded, well inside "
                        "the rollout deadline; both targets restored exactly")
@@ -141,8 +155,12 @@ def test_promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operat
     wait_for(lambda: no_leftovers(apps, batch, ns_a, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched(apis, operator_process,
-                                                                                     prometheus, reliability):
+@scenarios.add
+def prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("Prometheus unreachable from the operator for longer than the analysis deadline, "
                        "while measuring", "Inconclusive exactly at the deadline (2 m), MetricsAvailable=False "
                        "meanwhile, the fleet never touched")
@@ -178,7 +196,12 @@ def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_unto
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process, prometheus, reliability):
+@scenarios.add
+def prometheus_down_briefly_then_the_policy_decides(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("Prometheus unreachable briefly while measuring",
                        "MetricsAvailable=False during the outage; the policy resumes and decides as without it "
                        "(a win at batch 1)")
@@ -208,8 +231,12 @@ def test_prometheus_down_briefly_then_the_policy_decides(apis, operator_process,
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis, operator_process, prometheus,
-                                                                           reliability):
+@scenarios.add
+def pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("Paused mid-step for longer than a step, then resumed",
                        "load stopped and status frozen while paused; the deadline clock shifted by exactly the "
                        "pause; never more than one load Job per role; Succeeded")
@@ -314,8 +341,12 @@ exec python3 -m lookahead_canary.server "$@"
 """
 
 
-def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(apis, operator_process, prometheus,
-                                                                             reliability):
+@scenarios.add
+def promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(s: together.Ctx) -> None:
+    apis = s.apis
+    operator_process = s.operator
+    prometheus = s.prometheus
+    reliability = s.reliability
     reliability.expect("The promoted template's pods crash on the kubelet (part of the fleet runs an engine that "
                        "exits on the lookahead flags)", "RolledBack with RolloutFailed; both targets restored "
                        "exactly; the old pod serves throughout")
@@ -375,3 +406,25 @@ def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(api
                       if any((cs.restart_count or 0) > 0 for cs in p.status.container_statuses or [])],
              timeout=120, what="the crashing pods gone after the restore")
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+
+
+# the tests: each waits for its scenario, all started together by ``running``
+
+def test_promoted_template_that_cannot_roll_out_is_restored_exactly(running, request, reliability):
+    running.result(request)
+
+
+def test_prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched(running, request, reliability):
+    running.result(request)
+
+
+def test_prometheus_down_briefly_then_the_policy_decides(running, request, reliability):
+    running.result(request)
+
+
+def test_pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(running, request, reliability):
+    running.result(request)
+
+
+def test_promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(running, request, reliability):
+    running.result(request)

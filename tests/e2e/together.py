@@ -1,0 +1,164 @@
+"""The scenarios of one test module run at the same time on the one real node (issue 22: CI's
+budget). An end-to-end rollout mostly waits (steps, warm-ups, waves, guards, deadlines: the
+engines are simulated and idle between requests), so three rollouts side by side take about as
+long as the longest of them, not as long as all three.
+
+A module registers its scenarios (what a test used to do, line by line: build a fleet, apply a
+policy, inject its fault, wait, assert) with ``scenarios.add``; its module fixture, made by
+``fixture()``, starts one thread per scenario whose test is selected, all at once, each in its own
+namespaces, against the module's one operator; each test then waits for its own scenario
+(``running.result(request)``) and fails with that scenario's own traceback. ``pytest -k`` of one
+test still runs that scenario alone.
+
+What the per-test fixtures of tests/e2e/conftest.py do, the module fixture does for all of its
+scenarios at once: one invariant watcher from before the first scenario starts to after the last
+ends (each test also checks it when it ends, so a violation fails the test that sees it), and the
+namespaces the scenarios created deleted at the end, while the operator still runs. Each
+scenario's ``reliability`` row is written by its own test, passed or failed, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from kubernetes import client
+
+from lookahead_dev.devcluster import wait_for
+
+from . import reliability as rel
+
+SCENARIO_TIMEOUT_S = 840   # a scenario's own waits end well before this; then its test fails saying so
+
+
+@dataclass
+class Ctx:
+    """What a scenario gets: the clients of one ApiClient of its own, the module's operator and
+    Prometheus, a directory, its reliability row and the module's invariant watcher."""
+
+    apps: client.AppsV1Api
+    core: client.CoreV1Api
+    custom: client.CustomObjectsApi
+    batch: client.BatchV1Api
+    operator: Any
+    prometheus: Any
+    tmp_path: Path
+    reliability: rel.Recorder
+    invariants: Any
+
+    @property
+    def apis(self):
+        return self.apps, self.core, self.custom, self.batch
+
+
+Scenario = Callable[[Ctx], None]
+
+
+class Running:
+    """The scenarios of one module, started together; ``result`` waits for one."""
+
+    def __init__(self, watcher):
+        self.watcher = watcher
+        self.threads: dict[str, threading.Thread] = {}
+        self.errors: dict[str, BaseException] = {}
+        self.recorders: dict[str, rel.Recorder] = {}
+
+    def start(self, name: str, fn: Scenario, ctx: Ctx) -> None:
+        def body() -> None:
+            try:
+                fn(ctx)
+            except BaseException as exc:  # noqa: BLE001 - handed to the scenario's test, which raises it
+                self.errors[name] = exc
+
+        self.recorders[name] = ctx.reliability
+        t = threading.Thread(target=body, name=f"scenario-{name}", daemon=True)
+        self.threads[name] = t
+        t.start()
+
+    def join_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.threads.values():
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def result(self, request: pytest.FixtureRequest) -> None:
+        """Wait for the scenario of the test that asks (its name is the test's, less ``test_``);
+        raise what it raised; then the invariants, as every end-to-end test checks them."""
+        name = _scenario_name(request.node)
+        t = self.threads.get(name)
+        assert t is not None, f"scenario {name!r} was not started (the module registers none of that name)"
+        t.join(SCENARIO_TIMEOUT_S)
+        assert not t.is_alive(), f"scenario {name!r} still running after {SCENARIO_TIMEOUT_S} s"
+        if name in self.errors:
+            raise self.errors[name]
+        self.watcher.assert_clean()
+
+
+def _scenario_name(item: pytest.Item) -> str:
+    return getattr(item, "originalname", item.name).removeprefix("test_")
+
+
+class Scenarios:
+    """A module's registry: ``@scenarios.add`` on each scenario function (named as its test, less
+    ``test_``)."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, Scenario] = {}
+
+    def add(self, fn: Scenario) -> Scenario:
+        self.by_name[fn.__name__] = fn
+        return fn
+
+    def run(self, request: pytest.FixtureRequest, kube_api, operator, prometheus, tmp_path_factory):
+        """The body of a module fixture: start the module's selected scenarios, yield ``Running``,
+        then wait for them, delete their namespaces and stop the watcher."""
+        from lookahead_dev.invariants import InvariantWatcher
+
+        items = [i for i in request.session.items if i.module is request.module]
+        names = [n for n in dict.fromkeys(_scenario_name(i) for i in items) if n in self.by_name]
+        core = client.CoreV1Api(kube_api)
+        before = {n.metadata.name for n in core.list_namespace().items}
+        # (strict_decisions=False as in conftest's per-test watcher: a regime-aware promotion at
+        # the deadline may leave a planned batch size above the measured wins unsettled)
+        watcher = InvariantWatcher(kube_api, strict_decisions=False)
+        watcher.start()
+        assert watcher.wait_synced(30), watcher.events()[-5:]
+        running = Running(watcher)
+        api_clients = []
+        try:
+            for name in names:
+                item = next(i for i in items if _scenario_name(i) == name)
+                api = client.ApiClient(kube_api.configuration)
+                api_clients.append(api)
+                ctx = Ctx(client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api),
+                          client.BatchV1Api(api), operator, prometheus, tmp_path_factory.mktemp(name[:40]),
+                          rel.Recorder(item.nodeid), watcher)
+                running.start(name, self.by_name[name], ctx)
+            yield running
+        finally:
+            running.join_all(SCENARIO_TIMEOUT_S)
+            created = {n.metadata.name for n in core.list_namespace().items} - before
+            for ns in created:
+                try:
+                    core.delete_namespace(ns)
+                except client.ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            try:
+                wait_for(lambda: not (created & {n.metadata.name for n in core.list_namespace().items}),
+                         timeout=180, what=f"namespaces {sorted(created)} deleted", interval=1.0)
+            finally:
+                watcher.stop()
+                for api in api_clients:
+                    api.close()
+            watcher.assert_clean()
+
+
+def recorder_of(request: pytest.FixtureRequest) -> rel.Recorder | None:
+    """The reliability row of a scenario started by its module's ``running`` fixture, if any."""
+    if "running" not in request.fixturenames:
+        return None
+    return request.getfixturevalue("running").recorders.get(_scenario_name(request.node))
