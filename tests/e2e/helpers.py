@@ -28,9 +28,12 @@ BAD_GPU = {"gpu": "a100-80gb", "model": "llama-3-8b", "acceptance": 0.02, "noise
            "spec_overhead_s": 0.03, "time_scale": 3}
 
 
-def engine_deployment(ns: str, name: str, sim: dict, app: str) -> dict:
+def engine_deployment(ns: str, name: str, sim: dict, app: str, serving: bool = False) -> dict:
+    """``serving``: a fleet that serves users behind a Service, set up as docs/operator.md says
+    ("Your users during a rollout"): a terminating pod keeps serving until kube-proxy has taken it
+    out (preStop), then drains its streams within its grace period."""
     labels = {"app": app, "fleet": name}
-    return {
+    dep = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
         "spec": {
@@ -49,17 +52,56 @@ def engine_deployment(ns: str, name: str, sim: dict, app: str) -> dict:
                     "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                     "ports": [{"name": "http", "containerPort": 8000}],
                     "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1},
-                    "resources": {"requests": {"cpu": "100m"}},
+                    # several rollouts share the two-core node at once (tests/e2e/together.py):
+                    # a request the scheduler fits for all of them (a simulated engine idles
+                    # between requests; it uses a few percent of a core)
+                    "resources": {"requests": {"cpu": "50m"}},
                 }]},
             },
         },
     }
+    if serving:
+        pod = dep["spec"]["template"]["spec"]
+        pod["terminationGracePeriodSeconds"] = 30
+        pod["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 3}}}
+    return dep
+
+
+def serve(core, ns: str, app: str = "chat") -> str:
+    """The fleet's Service (every pod of ``app``), as its users reach it; its URL (the ClusterIP:
+    the test process resolves no cluster name)."""
+    svc = core.create_namespaced_service(ns, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": app},
+        "spec": {"selector": {"app": app}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    return f"http://{svc.spec.cluster_ip}"
+
+
+def production_traffic(url: str, tmp_path, seed: int, schedule: str = "0:1"):
+    """Open-loop production traffic (``lookahead_dev.traffic``) to ``url`` for a ``with`` block:
+    Poisson arrivals at ``schedule`` (requests per second), half of them streamed, a mix of the
+    bundled prompt sets; every outcome in ``.record``. One request per second by default: several
+    rollouts share the two-core node, and the guard of this issue's first part still counts a
+    promoted pod's production tokens (issue 22), so the traffic is kept light."""
+    from lookahead_dev.traffic import ProductionTraffic
+
+    return ProductionTraffic(url, out=tmp_path / "traffic.jsonl", schedule=schedule, seed=seed, timeout=60,
+                             log=tmp_path / "traffic.log")
+
+
+def assert_no_failed_requests(traffic, since: float, what: str) -> str:
+    """Every production request sent since ``since`` (Unix time) answered; the record's summary line."""
+    from lookahead_dev.traffic import format_failures
+
+    summary = traffic.record.summary(since=since)
+    assert summary.failed == 0 and summary.not_sent == 0, f"{what}: {format_failures(summary)}"
+    assert summary.ok > 0, f"{what}: no request answered: {summary.line()}"
+    return summary.line()
 
 
 def policy(name: str, ns: str, app: str, prometheus_url: str, batch_sizes: list[int], mode: str,
            waves: list[str]) -> dict:
     """A policy with shortened clocks (60 s steps, 4 s warm-up, 5 samples, 6 m deadline, 15 s waves,
-    20 s guard) so that a whole rollout fits a test: the defaults themselves are exercised end to end
+    20 s guard) and small load requests so that whole rollouts fit a test, several at once: the defaults themselves are exercised end to end
     by test_shipped_example.py, and their physics (samples per step) by the unit tests."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "LookaheadPolicy",
@@ -68,8 +110,11 @@ def policy(name: str, ns: str, app: str, prometheus_url: str, batch_sizes: list[
             "targets": {"selector": {"matchLabels": {"app": app}}},
             "engine": "reference",
             "lookahead": {"method": "jacobi", "window": 7, "ngram": 5, "guessSet": 7},
+            # (load.resources: the default 250m CPU per generator is for a real fleet's load; here
+            # several rollouts share two cores, and a generator of a few requests idles)
             "load": {"mode": "sweep", "batchSizes": batch_sizes, "stepDuration": "60s", "warmup": "4s",
-                     "minSamplesPerStep": 5, "prompts": {"builtin": "chat"}},
+                     "minSamplesPerStep": 5, "prompts": {"builtin": "chat"},
+                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}},
             "analysis": {"prometheus": {"url": prometheus_url}, "maxThroughputRegression": "2%",
                          "minLatencyImprovement": "5%", "confidence": 0.99, "deadline": "6m"},
             "promotion": {"mode": mode, "waves": waves, "waveDuration": "15s",
@@ -82,12 +127,14 @@ def make_namespace(core, ns):
     core.create_namespace({"metadata": {"name": ns}})
 
 
-def deploy_fleet(apps, core, ns: str, sims: dict[str, dict]) -> None:
+def deploy_fleet(apps, core, ns: str, sims: dict[str, dict], serving: bool = False) -> str | None:
     """Namespace ``ns`` and in it one engine Deployment of app ``chat`` per name in ``sims`` (in
-    that order), each serving its simulator configuration."""
+    that order), each serving its simulator configuration. ``serving``: behind the Service
+    ``chat`` as well (``serve``), whose URL is returned."""
     make_namespace(core, ns)
     for name, sim in sims.items():
-        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, sim, "chat"))
+        apps.create_namespaced_deployment(ns, engine_deployment(ns, name, sim, "chat", serving=serving))
+    return serve(core, ns) if serving else None
 
 
 def apply_policy(custom, body: dict) -> None:

@@ -2,28 +2,62 @@
 installed by `helm install` as a Pod on the real node, the fleet, canary, control and load Jobs as
 Pods from the locally built images, and Prometheus discovering them through the apiserver with the
 documented scrape configuration. The engines serve the reference engine's simulator backend, which
-gives a known effect with real HTTP, real metrics and real scraping."""
+gives a known effect with real HTTP, real metrics and real scraping.
+
+Each fleet serves production traffic through its Service for the whole rollout (canary and control
+created, waves rolled out, a rollback), and each test asserts from the traffic's record that no
+user request failed; the guard's rollback test is the one exception for now (it says why). The three rollouts run at the same time, each in its own namespace, on the
+module's one operator (tests/e2e/together.py)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 
-from .helpers import (BAD_GPU, FLEET, GOOD_GPU, apply_policy, deploy_fleet, events_of, no_leftovers, policy,
-                      sanitized, saved_templates, start_two_wave_rollout, wait_phase)
+from . import together
+from .helpers import (BAD_GPU, FLEET, GOOD_GPU, apply_policy, assert_no_failed_requests, deploy_fleet, events_of,
+                      no_leftovers, policy, production_traffic, sanitized, saved_templates, wait_phase)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
+scenarios = together.Scenarios()
 
-def test_regime_aware_promotion_in_waves(apis, operator_pod, prometheus):
-    apps, core, custom, batch = apis
+
+@pytest.fixture(scope="module")
+def running(request, kube_api, operator_pod, prometheus, tmp_path_factory):
+    yield from scenarios.run(request, kube_api, operator_pod, prometheus, tmp_path_factory)
+
+
+def _serving(s: together.Ctx, ns: str, sims: dict[str, dict], seed: int):
+    """The fleet ``sims`` in ``ns`` behind its Service, its pods ready, production traffic flowing
+    (answered) through the Service: the traffic (a started ``ProductionTraffic``) and when it flowed."""
+    url = deploy_fleet(s.apps, s.core, ns, sims, serving=True)
+    wait_for(lambda: all((s.apps.read_namespaced_deployment(n, ns).status.ready_replicas or 0) >= 1 for n in sims),
+             timeout=120, what=f"{ns}: the fleet ready", interval=1.0)
+    traffic = production_traffic(url, s.tmp_path, seed=seed).start()
+    traffic.wait_requests(3, timeout=60, ok=True)
+    return traffic, time.time()
+
+
+@scenarios.add
+def regime_aware_promotion_in_waves(s: together.Ctx) -> None:
+    apps, core, custom, batch = s.apis
+    operator_pod = s.operator
     ns = "e2e-regime"
-    originals = start_two_wave_rollout(apps, core, custom, ns, prometheus.url)
-    st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
-                    operator_pod)
-    assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-4000:])
+    traffic, t0 = _serving(s, ns, {name: GOOD_GPU for name in FLEET}, seed=1)
+    with traffic:
+        originals = saved_templates(apps, ns, FLEET)
+        apply_policy(custom, policy("chat", ns, "chat", s.prometheus.url, [1, 16], "regimeAware", ["50%", "100%"]))
+        st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
+                        operator_pod)
+        assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-4000:])
+        wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+    print(f"\n{ns}: production traffic through the rollout: "
+          f"{assert_no_failed_requests(traffic, t0, 'canary, control and two waves')}")
     assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
     rows = {r["batchSize"]: r for r in st["batches"]}
     assert rows[1]["verdict"] == "Wins" and rows[1]["tpotChange"] < -0.05
@@ -42,7 +76,6 @@ def test_regime_aware_promotion_in_waves(apis, operator_pod, prometheus):
         args = d["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--speculative-config" in args and "--lookahead-max-batch-size" in args
         assert b.original_template(d) == originals[name], "the exact original template is saved"
-    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
     # what a user reads with `kubectl logs` of the operator Pod: the rollout, phase by phase
     log = operator_pod.log()
     for line in ("-> Measuring", "-> Promoting", "-> Guarding", "-> Succeeded"):
@@ -50,15 +83,25 @@ def test_regime_aware_promotion_in_waves(apis, operator_pod, prometheus):
     assert log.count(f"{ns}/chat: Promoted: ") == 2, log[-3000:]
 
 
-def test_regressing_canary_rolls_back_with_fleet_untouched(apis, operator_pod, prometheus):
-    apps, core, custom, batch = apis
+def test_regime_aware_promotion_in_waves(running, request, reliability):
+    running.result(request)
+
+
+@scenarios.add
+def regressing_canary_rolls_back_with_fleet_untouched(s: together.Ctx) -> None:
+    apps, core, custom, batch = s.apis
+    operator_pod = s.operator
     ns = "e2e-rollback"
-    deploy_fleet(apps, core, ns, {"chat-a": BAD_GPU, "chat-b": BAD_GPU})
-    before = {n: sanitized(apps, ns, n) for n in FLEET}
-    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 8], "regimeAware", ["100%"]))
-    st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 420,
-                    operator_pod)
-    assert st["phase"] == "RolledBack", st.get("message")
+    traffic, t0 = _serving(s, ns, {"chat-a": BAD_GPU, "chat-b": BAD_GPU}, seed=2)
+    with traffic:
+        before = {n: sanitized(apps, ns, n) for n in FLEET}
+        apply_policy(custom, policy("chat", ns, "chat", s.prometheus.url, [1, 8], "regimeAware", ["100%"]))
+        st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 420,
+                        operator_pod)
+        assert st["phase"] == "RolledBack", st.get("message")
+        wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+    print(f"\n{ns}: production traffic through the rollout: "
+          f"{assert_no_failed_requests(traffic, t0, 'canary and control created and removed')}")
     assert st["decision"]["action"] == "Rollback"
     assert not any(e.reason == "Promoted" for e in events_of(core, ns, "chat"))
     for name, d0 in before.items():
@@ -68,23 +111,39 @@ def test_regressing_canary_rolls_back_with_fleet_untouched(apis, operator_pod, p
         assert d["metadata"]["labels"] == d0["metadata"]["labels"]
         ann = d["metadata"].get("annotations") or {}
         assert b.ANNOTATION_OWNER not in ann and b.ANNOTATION_ORIGINAL_TEMPLATE not in ann
-    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
 
 
-def test_guard_regression_restores_exact_templates(apis, operator_pod, prometheus):
+def test_regressing_canary_rolls_back_with_fleet_untouched(running, request, reliability):
+    running.result(request)
+
+
+@scenarios.add
+def guard_regression_restores_exact_templates(s: together.Ctx) -> None:
     """A heterogeneous fleet: the canary is cloned from chat-a (where lookahead wins), but chat-b
     serves a workload where it loses. The guard catches it in the second wave and restores both."""
-    apps, core, custom, batch = apis
+    apps, core, custom, batch = s.apis
+    operator_pod = s.operator
     ns = "e2e-guard"
+    # This fleet stays idle, on purpose and for now: the guard still drives a promoted fleet pod with
+    # its own load and counts that pod's production tokens as the promoted side's throughput (issue
+    # 22, part 3). With this same fleet serving one request per second through its Service, the
+    # guard passed chat-b's losing config ("guard passed; lookahead stays on": Succeeded, not
+    # RolledBack; measured on this node, 2026-12-03). When the guard compares on production traffic,
+    # this fleet serves it like the others and this comment goes.
     deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU, "chat-b": BAD_GPU})
     originals = saved_templates(apps, ns, FLEET)
-    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"]))
+    apply_policy(custom, policy("chat", ns, "chat", s.prometheus.url, [1], "regimeAware", ["50%", "100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
                     operator_pod)
     assert st["phase"] == "RolledBack", (st.get("message"), st.get("guard"),
                                          [(e.reason, e.message) for e in events_of(core, ns, "chat")],
                                          [(j.metadata.name, j.metadata.labels, j.spec.template.spec.containers[0].args)
                                           for j in batch.list_namespaced_job(ns).items], operator_pod.log()[-3000:])
+    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+    # the rollback's rolling updates done: both targets' pods serve the original template again
+    wait_for(lambda: all((d := apps.read_namespaced_deployment(n, ns)).status.updated_replicas == 1
+                         and (d.status.replicas or 0) == 1 and (d.status.ready_replicas or 0) == 1 for n in FLEET),
+             timeout=120, what="the restored templates rolled out", interval=1.0)
     # measured only at batch 1: lookahead is enabled up to 1 only (never beyond the largest measured win)
     assert st["decision"]["action"] == "PromoteRegimeAware"
     assert st["rollback"]["reason"] == "GuardRegression"
@@ -96,4 +155,7 @@ def test_guard_regression_restores_exact_templates(apis, operator_pod, prometheu
         d = sanitized(apps, ns, name)
         assert d["spec"]["template"] == originals[name]
         assert b.ANNOTATION_ORIGINAL_TEMPLATE not in (d["metadata"].get("annotations") or {})
-    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="canary/control/Jobs removed")
+
+
+def test_guard_regression_restores_exact_templates(running, request, reliability):
+    running.result(request)

@@ -55,12 +55,25 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
                 and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
 
     wait_for(lambda: len(ready_pods()) == REPLICAS, 180, "the fleet's ten pods ready", interval=1.0)
+
+    def unready() -> list[tuple]:
+        """The fleet's pods not serving now: name, owner, being deleted, their Ready condition."""
+        out = []
+        for p in core.list_namespaced_pod(ns, label_selector="app=chat").items:
+            ready = next((c for c in p.status.conditions or [] if c.type == "Ready"), None)
+            if p.metadata.deletion_timestamp is None and ready is not None and ready.status == "True":
+                continue
+            out.append((p.metadata.name, (p.metadata.owner_references or [None])[0] and
+                        p.metadata.owner_references[0].name, p.metadata.deletion_timestamp is not None,
+                        ready and (ready.status, ready.reason, ready.message)))
+        return out
     # (one request per second: the guard of this issue's first part still counts a promoted pod's
     # production tokens, so the traffic is kept light here; the test is about the waves)
     traffic = ProductionTraffic(f"http://{svc.spec.cluster_ip}", out=tmp_path / "traffic.jsonl", schedule="0:1",
                                 seed=22, timeout=60, log=tmp_path / "traffic.log")
     # while a wave's guard watches it: (wave, pods the status says, lookahead pods serving, all serving)
     seen: list[tuple[int, int, int, int]] = []
+    short: list[tuple] = []        # samples with fewer than ten serving: (time, phase, wave, pods not serving)
     serving_pods: list[int] = []   # every second from the first wave to the end: the fleet's ready pods
     stop = threading.Event()
 
@@ -73,6 +86,8 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
                 if st.get("phase") in ("Promoting", "Guarding"):
                     pods = ready_pods()
                     serving_pods.append(len(pods))
+                    if len(pods) < REPLICAS:   # what a failure needs to say: which pods were out, and why
+                        short.append((time.time(), st.get("phase"), wave, unready()))
                     if st.get("phase") == "Promoting" and wave and (st.get("guard") or {}).get("wave") == wave:
                         on = sum(1 for p in pods if (p.metadata.annotations or {}).get(b.ANNOTATION_PROMOTED))
                         seen.append((wave, row.get("promotedPods"), on, len(pods)))
@@ -111,7 +126,7 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
     # rolling update (its default maxUnavailable, 25%, of 10 is 2), the wave pods serving through it
     print(f"serving pods through the waves: min {min(serving_pods)}, max {max(serving_pods)}, "
           f"{len(serving_pods)} samples")
-    assert len(serving_pods) > 30 and min(serving_pods) >= REPLICAS, serving_pods
+    assert len(serving_pods) > 30 and min(serving_pods) >= REPLICAS, (serving_pods, short)
     promoted = wait_for(lambda: len(r := [e.message for e in sorted(events_of(core, ns, "chat"),
                                                                      key=lambda e: e.first_timestamp)
                                           if e.reason == "Promoted"]) >= 3 and r, 30, "Promoted events")

@@ -14,8 +14,8 @@ from lookahead_operator.controller import builders as b
 from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
-from .helpers import (FLEET, GOOD_GPU, apply_policy, deploy_fleet, get_policy, no_leftovers, policy, sanitized,
-                      saved_templates, start_two_wave_rollout)
+from .helpers import (FLEET, GOOD_GPU, apply_policy, assert_no_failed_requests, deploy_fleet, get_policy,
+                      no_leftovers, policy, production_traffic, sanitized, saved_templates, start_two_wave_rollout)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -89,50 +89,59 @@ def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, op
         "Deployment patches of one wave",
         "the rollout completes as uninterrupted (PromoteRegimeAware, Succeeded); the half-patched wave is "
         "finished after the restart; originals saved exactly; no duplicate or orphaned object; no invariant "
-        "violation", seed=SEED)
+        "violation; no production request failed", seed=SEED)
     apps, core, custom, batch = apis
     ns = "e2e-chaos"
-    deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU, "chat-b": GOOD_GPU})
+    url = deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU, "chat-b": GOOD_GPU}, serving=True)
     originals = saved_templates(apps, ns, FLEET)
-    operator_process.kill()            # this test starts (and kills) its own
-    marker = tmp_path / "died-mid-wave"
-    # one wave of both Deployments: the fault point needs two patches in one wave
-    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware", ["100%"]))
-    kills: list[str] = []
-    max_roles = max_jobs_per_step_role = 0
-    deadline = time.monotonic() + 900
-    phase, st = None, {}
-    while time.monotonic() < deadline and phase not in TERMINAL:
-        operator_process.start(extra_env={"LOOKAHEAD_TEST_DIE_MID_WAVE": str(marker)}, chaos=True)
-        operator_process.wait_up(60)
-        kill_at = time.monotonic() + rng.uniform(0.5, 4.0)     # the fault schedule, not a wait
-        while time.monotonic() < kill_at and operator_process.alive():
-            st, roles, jobs = _look(apps, custom, batch, ns)
-            phase = st.get("phase")
-            max_roles, max_jobs_per_step_role = max(max_roles, roles), max(max_jobs_per_step_role, jobs)
+    # the fleet serves its users through the whole rollout and every kill: none of their requests may fail
+    wait_for(lambda: all((apps.read_namespaced_deployment(n, ns).status.ready_replicas or 0) == 1 for n in FLEET),
+             timeout=120, what="the fleet ready", interval=1.0)
+    traffic = production_traffic(url, tmp_path, seed=SEED % 1000).start()
+    traffic.wait_requests(3, timeout=60, ok=True)
+    t0 = time.time()
+    with traffic:
+        operator_process.kill()            # this test starts (and kills) its own
+        marker = tmp_path / "died-mid-wave"
+        # one wave of both Deployments: the fault point needs two patches in one wave
+        apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware", ["100%"]))
+        kills: list[str] = []
+        max_roles = max_jobs_per_step_role = 0
+        deadline = time.monotonic() + 900
+        phase, st = None, {}
+        while time.monotonic() < deadline and phase not in TERMINAL:
+            operator_process.start(extra_env={"LOOKAHEAD_TEST_DIE_MID_WAVE": str(marker)}, chaos=True)
+            operator_process.wait_up(60)
+            kill_at = time.monotonic() + rng.uniform(0.5, 4.0)     # the fault schedule, not a wait
+            while time.monotonic() < kill_at and operator_process.alive():
+                st, roles, jobs = _look(apps, custom, batch, ns)
+                phase = st.get("phase")
+                max_roles, max_jobs_per_step_role = max(max_roles, roles), max(max_jobs_per_step_role, jobs)
+                if phase in TERMINAL:
+                    break
+                time.sleep(0.2)
             if phase in TERMINAL:
                 break
-            time.sleep(0.2)
-        if phase in TERMINAL:
-            break
-        if operator_process.alive():
-            kills.append(phase or "New")
-        else:
-            kills.append(f"{phase} (mid-wave, between patches)")
+            if operator_process.alive():
+                kills.append(phase or "New")
+            else:
+                kills.append(f"{phase} (mid-wave, between patches)")
+            operator_process.kill()
         operator_process.kill()
-    operator_process.kill()
-    operator_process.start()           # the module's operator, for the next tests and the clean-up
+        operator_process.start()           # the module's operator, for the next tests and the clean-up
+    served = traffic.record.summary(since=t0)
     by_phase = {p: sum(1 for k in kills if k.split(" ")[0] == p) for p in dict.fromkeys(k.split(" ")[0] for k in kills)}
     reliability.observed(f"{phase} after {len(kills)} kills ({', '.join(f'{p} {n}' for p, n in by_phase.items())}); "
                          f"mid-wave kill fired: {marker.exists()}"
                          + (f" after patching {marker.read_text().strip()}" if marker.exists() else "")
                          + f"; max canary+control {max_roles}, max load Jobs per step and role "
-                           f"{max_jobs_per_step_role}", injected=len(kills))
+                           f"{max_jobs_per_step_role}; production traffic: {served.line()}", injected=len(kills))
     assert phase == "Succeeded", (phase, st.get("message"), kills, operator_process.log()[-3000:])
     assert st["decision"]["action"] == "PromoteRegimeAware"
     assert len(kills) >= 20, kills
     assert marker.exists(), f"the mid-wave fault point never fired: {kills}"
     assert max_roles <= 2 and max_jobs_per_step_role <= 1, (max_roles, max_jobs_per_step_role)
+    assert_no_failed_requests(traffic, t0, "the rollout with the operator killed again and again")
     for name in ("chat-a", "chat-b"):
         d = sanitized(apps, ns, name)
         assert b.original_template(d) == originals[name], "the saved original is the first one, exactly"

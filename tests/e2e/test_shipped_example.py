@@ -16,12 +16,14 @@ The vLLM Deployment of the example stays Pending (its GPU request fits no node h
 example intends: it is not a target.
 
 It must reach a decision, and the right one; then deleting the policy mid-rollout restores the
-fleet exactly.
+fleet exactly. The fleet serves production traffic through the example's Service throughout, and
+no user request may fail.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +35,8 @@ from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 from lookahead_operator.api.policy import LookaheadPolicy
 
-from .helpers import (GOOD_GPU, GROUP, PLURAL, VERSION, apply_policy, events_of, get_policy, no_leftovers,
-                      sanitized)
+from .helpers import (GOOD_GPU, GROUP, PLURAL, VERSION, apply_policy, assert_no_failed_requests, events_of,
+                      get_policy, no_leftovers, production_traffic, sanitized)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -66,7 +68,7 @@ def fleet_docs(sim: dict) -> list[dict]:
     return docs
 
 
-def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, operator_pod, prometheus):
+def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, operator_pod, prometheus, tmp_path):
     apps, core, custom, batch = apis
     for d in fleet_docs(GOOD_GPU):
         if d["kind"] == "Namespace":
@@ -84,64 +86,80 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
     before = sanitized(apps, ns, "chat-reference")
     untouched = sanitized(apps, ns, "chat-vllm")
-    apply_policy(custom, body)
+    # The fleet serves its users through the example's Service from before the policy is applied
+    # to after it is deleted: no request may fail on the way (canary and control created, the
+    # first wave's pod started and the replica lent, the policy deleted and the fleet restored).
+    svc = core.read_namespaced_service("chat", ns)
+    wait_for(lambda: (apps.read_namespaced_deployment("chat-reference", ns).status.ready_replicas or 0) == 2,
+             timeout=120, what="chat-reference's two pods ready", interval=1.0)
+    traffic = production_traffic(f"http://{svc.spec.cluster_ip}", tmp_path, seed=7).start()
+    traffic.wait_requests(3, timeout=60, ok=True)
+    t0 = time.time()
+    with traffic:
+        apply_policy(custom, body)
 
-    def decided():
-        st = get_policy(custom, ns, name).get("status") or {}
-        if st.get("phase") in ("Failed", "RolledBack", "NotACandidate") or st.get("decision"):
-            return st
-        return None
+        def decided():
+            st = get_policy(custom, ns, name).get("status") or {}
+            if st.get("phase") in ("Failed", "RolledBack", "NotACandidate") or st.get("decision"):
+                return st
+            return None
 
-    # Auto batch sizes with no fleet history are [1, 8]; two steps of at most 2m each, plus launch.
-    st = wait_for(decided, timeout=600, interval=2.0, what=f"{ns}/{name} decided")
-    sizes = st["progress"]["batchSizes"]
-    assert sizes == [1, 8], st.get("message")
-    th_lat, th_tp = spec.analysis.min_latency_improvement, spec.analysis.max_throughput_regression
-    truth = {bs: expected_outcome(GOOD_GPU, bs, th_lat, th_tp) for bs in sizes}
-    assert truth == {1: "Wins", 8: "Regresses"}
-    rows = {r["batchSize"]: r for r in st["batches"]}
-    assert {bs: rows[bs]["verdict"] for bs in sizes} == truth, json.dumps(st["batches"], indent=1)
-    assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
-    assert st["decision"]["crossoverBatchSize"] == 8
-    assert all(r["samples"]["control"] >= spec.load.min_samples_per_step for r in st["batches"])
+        # Auto batch sizes with no fleet history are [1, 8]; two steps of at most 2m each, plus launch.
+        st = wait_for(decided, timeout=600, interval=2.0, what=f"{ns}/{name} decided")
+        sizes = st["progress"]["batchSizes"]
+        assert sizes == [1, 8], st.get("message")
+        th_lat, th_tp = spec.analysis.min_latency_improvement, spec.analysis.max_throughput_regression
+        truth = {bs: expected_outcome(GOOD_GPU, bs, th_lat, th_tp) for bs in sizes}
+        assert truth == {1: "Wins", 8: "Regresses"}
+        rows = {r["batchSize"]: r for r in st["batches"]}
+        assert {bs: rows[bs]["verdict"] for bs in sizes} == truth, json.dumps(st["batches"], indent=1)
+        assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]["reason"]
+        assert st["decision"]["crossoverBatchSize"] == 8
+        assert all(r["samples"]["control"] >= spec.load.min_samples_per_step for r in st["batches"])
 
-    # The first wave (10% of the fleet's serving pods: one of chat-reference's two replicas) runs
-    # the regime-capped config on one pod of chat-reference's wave Deployment, which chat-reference
-    # lends a replica to; chat-reference's own template is not touched.
-    def promoted():
+        # The first wave (10% of the fleet's serving pods: one of chat-reference's two replicas) runs
+        # the regime-capped config on one pod of chat-reference's wave Deployment, which chat-reference
+        # lends a replica to; chat-reference's own template is not touched.
+        def promoted():
+            d = sanitized(apps, ns, "chat-reference")
+            ann = d["metadata"].get("annotations") or {}
+            return d if ann.get(b.ANNOTATION_PROMOTED) and ann.get(b.ANNOTATION_PROMOTED_PODS) == "1" else None
+
+        d = wait_for(promoted, timeout=120, interval=1.0, what="one pod of chat-reference promoted")
+        assert d["spec"]["replicas"] == 1 and d["spec"]["template"] == before["spec"]["template"]
+        assert b.original_template(d) == before["spec"]["template"]
+        waves = [w for w in apps.list_namespaced_deployment(ns, label_selector=f"{b.LABEL_ROLE}=wave").items
+                 if w.metadata.labels.get(b.LABEL_POLICY) == name]
+        assert len(waves) == 1 and waves[0].spec.replicas == 1, [w.metadata.name for w in waves]
+        args = waves[0].spec.template.spec.containers[0].args
+        # on up to the largest batch size measured as a win (1), off from there (loss measured at 8)
+        assert "--speculative-config" in args and args[args.index("--lookahead-max-batch-size") + 1] == "1"
+        # its pod serves behind the example's Service, as the fleet's own do
+        assert all(waves[0].spec.template.metadata.labels.get(k) == v
+                   for k, v in before["spec"]["selector"]["matchLabels"].items())
+
+        # Deleting the policy mid-rollout puts the fleet back exactly and leaves nothing behind.
+        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+        def gone():
+            try:
+                get_policy(custom, ns, name)
+                return False
+            except client.ApiException as exc:
+                return exc.status == 404
+
+        wait_for(gone, timeout=120, interval=1.0, what="policy deleted (finalizer ran)")
         d = sanitized(apps, ns, "chat-reference")
-        ann = d["metadata"].get("annotations") or {}
-        return d if ann.get(b.ANNOTATION_PROMOTED) and ann.get(b.ANNOTATION_PROMOTED_PODS) == "1" else None
-
-    d = wait_for(promoted, timeout=120, interval=1.0, what="one pod of chat-reference promoted")
-    assert d["spec"]["replicas"] == 1 and d["spec"]["template"] == before["spec"]["template"]
-    assert b.original_template(d) == before["spec"]["template"]
-    waves = [w for w in apps.list_namespaced_deployment(ns, label_selector=f"{b.LABEL_ROLE}=wave").items
-             if w.metadata.labels.get(b.LABEL_POLICY) == name]
-    assert len(waves) == 1 and waves[0].spec.replicas == 1, [w.metadata.name for w in waves]
-    args = waves[0].spec.template.spec.containers[0].args
-    # on up to the largest batch size measured as a win (1), off from there (loss measured at 8)
-    assert "--speculative-config" in args and args[args.index("--lookahead-max-batch-size") + 1] == "1"
-    # its pod serves behind the example's Service, as the fleet's own do
-    assert all(waves[0].spec.template.metadata.labels.get(k) == v
-               for k, v in before["spec"]["selector"]["matchLabels"].items())
-
-    # Deleting the policy mid-rollout puts the fleet back exactly and leaves nothing behind.
-    custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-
-    def gone():
-        try:
-            get_policy(custom, ns, name)
-            return False
-        except client.ApiException as exc:
-            return exc.status == 404
-
-    wait_for(gone, timeout=120, interval=1.0, what="policy deleted (finalizer ran)")
-    d = sanitized(apps, ns, "chat-reference")
-    assert d["spec"]["template"] == before["spec"]["template"]
-    assert d["spec"]["replicas"] == before["spec"]["replicas"] == 2, "the lent replica is given back"
-    assert not set(b.TARGET_ANNOTATIONS) & set(d["metadata"].get("annotations") or {})
-    assert sanitized(apps, ns, "chat-vllm")["spec"] == untouched["spec"], "not a target: never touched"
-    wait_for(lambda: any(e.reason == "Restored" for e in events_of(core, ns, name)), timeout=30,
-             what="a Restored event (events are posted off the critical path)")
-    wait_for(lambda: no_leftovers(apps, batch, ns, name), timeout=60, what="canary/control/Jobs removed")
+        assert d["spec"]["template"] == before["spec"]["template"]
+        assert d["spec"]["replicas"] == before["spec"]["replicas"] == 2, "the lent replica is given back"
+        assert not set(b.TARGET_ANNOTATIONS) & set(d["metadata"].get("annotations") or {})
+        assert sanitized(apps, ns, "chat-vllm")["spec"] == untouched["spec"], "not a target: never touched"
+        wait_for(lambda: any(e.reason == "Restored" for e in events_of(core, ns, name)), timeout=30,
+                 what="a Restored event (events are posted off the critical path)")
+        wait_for(lambda: no_leftovers(apps, batch, ns, name), timeout=60, what="canary/control/Jobs removed")
+        # the lent replica back and serving, the wave's pod gone: what users are left with
+        wait_for(lambda: (apps.read_namespaced_deployment("chat-reference", ns).status.ready_replicas or 0) == 2
+                 and not apps.list_namespaced_deployment(ns, label_selector=f"{b.LABEL_ROLE}=wave").items,
+                 timeout=120, what="chat-reference back at two serving pods", interval=1.0)
+    print(f"\nproduction traffic through the shipped example's rollout and deletion: "
+          f"{assert_no_failed_requests(traffic, t0, 'decision, first wave, deletion')}")
