@@ -116,18 +116,12 @@ def fresh_namespaces(request, kube_api):
     if "running" in request.fixturenames:
         yield
         return
+    from .helpers import delete_namespaces, namespace_names
+
     core = client.CoreV1Api(kube_api)
-    before = {n.metadata.name for n in core.list_namespace().items}
+    before = namespace_names(core)
     yield
-    created = {n.metadata.name for n in core.list_namespace().items} - before
-    for ns in created:
-        try:
-            core.delete_namespace(ns)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-    wait_for(lambda: not (created & {n.metadata.name for n in core.list_namespace().items}), timeout=120,
-             what=f"namespaces {sorted(created)} deleted", interval=1.0)
+    delete_namespaces(core, namespace_names(core) - before, timeout=120)
 
 
 @pytest.fixture(autouse=True)

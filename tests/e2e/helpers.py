@@ -123,6 +123,22 @@ def policy(name: str, ns: str, app: str, prometheus_url: str, batch_sizes: list[
     }
 
 
+def namespace_names(core) -> set[str]:
+    return {n.metadata.name for n in core.list_namespace().items}
+
+
+def delete_namespaces(core, names: set[str], timeout: float) -> None:
+    """Delete the namespaces ``names`` and wait until they are gone (AssertionError after ``timeout`` s)."""
+    for ns in names:
+        try:
+            core.delete_namespace(ns)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+    wait_for(lambda: not (names & namespace_names(core)), timeout=timeout,
+             what=f"namespaces {sorted(names)} deleted", interval=1.0)
+
+
 def make_namespace(core, ns):
     core.create_namespace({"metadata": {"name": ns}})
 

@@ -28,9 +28,8 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client
 
-from lookahead_dev.devcluster import wait_for
-
 from . import reliability as rel
+from .helpers import delete_namespaces, namespace_names
 
 SCENARIO_TIMEOUT_S = 840   # a scenario's own waits end well before this; then its test fails saying so
 
@@ -120,7 +119,7 @@ class Scenarios:
         items = [i for i in request.session.items if i.module is request.module]
         names = [n for n in dict.fromkeys(_scenario_name(i) for i in items) if n in self.by_name]
         core = client.CoreV1Api(kube_api)
-        before = {n.metadata.name for n in core.list_namespace().items}
+        before = namespace_names(core)
         # (strict_decisions=False as in conftest's per-test watcher: a regime-aware promotion at
         # the deadline may leave a planned batch size above the measured wins unsettled)
         watcher = InvariantWatcher(kube_api, strict_decisions=False)
@@ -140,16 +139,8 @@ class Scenarios:
             yield running
         finally:
             running.join_all(SCENARIO_TIMEOUT_S)
-            created = {n.metadata.name for n in core.list_namespace().items} - before
-            for ns in created:
-                try:
-                    core.delete_namespace(ns)
-                except client.ApiException as exc:
-                    if exc.status != 404:
-                        raise
             try:
-                wait_for(lambda: not (created & {n.metadata.name for n in core.list_namespace().items}),
-                         timeout=180, what=f"namespaces {sorted(created)} deleted", interval=1.0)
+                delete_namespaces(core, namespace_names(core) - before, timeout=180)
             finally:
                 watcher.stop()
                 for api in api_clients:
