@@ -571,7 +571,11 @@ class ProductionTraffic:
         self.popen: subprocess.Popen | None = None
 
     def start(self) -> "ProductionTraffic":
-        """Start the child (a fresh record: an old file at ``out`` is removed); returns at once."""
+        """Start the child (a fresh record: an old file at ``out`` is removed); returns at once.
+        RuntimeError while it runs: a second child would send a second stream of requests whose
+        outcomes go to a record nobody reads (the first one's file is replaced)."""
+        if self.running:
+            raise RuntimeError(f"the traffic generator already runs (pid {self.popen.pid}); stop() it first")
         self.out.unlink(missing_ok=True)
         self.popen = process.start(self.argv, self.log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         return self
@@ -622,7 +626,9 @@ class ProductionTraffic:
         return self.popen.returncode
 
     def __enter__(self) -> "ProductionTraffic":
-        return self.start()
+        """Start it, unless it already runs (``start()`` before, to wait for its first answers):
+        either way it is stopped when the block ends."""
+        return self if self.running else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -174,6 +174,22 @@ def test_a_stop_right_after_the_start_exits_0(tmp_path: Path):
     assert traffic.record.requests() == []
 
 
+def test_a_started_generator_is_not_started_twice(tmp_path: Path):
+    # started, then kept for a ``with`` block (the e2e tests' pattern): one child, one record;
+    # a second start() while it runs is refused, not a second stream of requests
+    traffic = ProductionTraffic(f"http://127.0.0.1:{_free_port()}", out=tmp_path / "traffic.jsonl").start()
+    try:
+        first = traffic.popen
+        with traffic:
+            assert traffic.popen is first and traffic.running
+            with pytest.raises(RuntimeError, match="already runs"):
+                traffic.start()
+            assert traffic.popen is first
+        assert not traffic.running and first.returncode == 0
+    finally:
+        traffic.stop()
+
+
 @pytest.mark.parametrize("args, says", [
     (["--schedule", "0:1,5x"], "--schedule: bad point '5x'"),
     (["--mix", "chat=1,nope=1"], "--mix: prompt set 'nope'"),
