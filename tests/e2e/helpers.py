@@ -101,8 +101,9 @@ def assert_no_failed_requests(traffic, since: float, what: str) -> str:
 def policy(name: str, ns: str, app: str, prometheus_url: str, batch_sizes: list[int], mode: str,
            waves: list[str]) -> dict:
     """A policy with shortened clocks (60 s steps, 4 s warm-up, 5 samples, 6 m deadline, 15 s waves,
-    20 s guard) and small load requests so that whole rollouts fit a test, several at once: the defaults themselves are exercised end to end
-    by test_shipped_example.py, and their physics (samples per step) by the unit tests."""
+    20 s guard) and small load requests, so that whole rollouts fit a test, several at once: the
+    defaults themselves are exercised end to end by test_shipped_example.py, and their physics
+    (samples per step) by the unit tests."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "LookaheadPolicy",
         "metadata": {"name": name, "namespace": ns},

@@ -4,9 +4,9 @@ engines are simulated and idle between requests), so three rollouts side by side
 long as the longest of them, not as long as all three.
 
 A module registers its scenarios (what a test used to do, line by line: build a fleet, apply a
-policy, inject its fault, wait, assert) with ``scenarios.add``; its module fixture, made by
-``fixture()``, starts one thread per scenario whose test is selected, all at once, each in its own
-namespaces, against the module's one operator; each test then waits for its own scenario
+policy, inject its fault, wait, assert) with ``scenarios.add``; its module fixture ``running``
+(``yield from scenarios.run(...)``) starts one thread per scenario whose test is selected, all at
+once, each in its own namespaces, against the module's one operator; each test then waits for its own scenario
 (``running.result(request)``) and fails with that scenario's own traceback. ``pytest -k`` of one
 test still runs that scenario alone.
 
