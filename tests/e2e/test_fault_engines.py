@@ -36,7 +36,8 @@ scenarios = together.Scenarios()
 
 @pytest.fixture(scope="module")
 def running(request, kube_api, operator_process, prometheus, tmp_path_factory):
-    yield from scenarios.run(request, kube_api, operator_process, prometheus, tmp_path_factory)
+    yield from scenarios.run(request, kube_api, tmp_path_factory, operator_process=operator_process,
+                             prometheus=prometheus)
 
 
 def _canary_pod(core, ns) -> str:
@@ -53,11 +54,8 @@ def _measured_a_while(custom, ns):
 
 
 @scenarios.add
-def the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def the_canary_pod_deleted_mid_step_restarts_the_step_on_fresh_load(apis, operator_process,
+                                                                    prometheus, reliability) -> None:
     reliability.expect("The canary's pod deleted mid-step (grace 0); its Deployment starts a new one",
                        "LoadRestarted: the step starts again on load aimed at the new pod; the policy decides as "
                        "without the fault (batch 1 Wins, PromoteRegimeAware), fleet untouched (analysisOnly)")
@@ -100,11 +98,8 @@ def _container_pids(pod: str) -> list[int]:
 
 
 @scenarios.add
-def a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def a_hung_canary_engine_ends_at_the_deadline_with_nothing_promoted(apis, operator_process,
+                                                                    prometheus, reliability) -> None:
     reliability.expect("The canary's engine hangs mid-step (its processes SIGSTOPped: connections accepted, "
                        "nothing answered, /metrics included)", "no canary samples: no answer for the step; "
                        "Inconclusive at the analysis deadline (2 m here), nothing promoted, the fleet untouched")

@@ -42,7 +42,8 @@ scenarios = together.Scenarios()
 
 @pytest.fixture(scope="module")
 def running(request, kube_api, operator_process, prometheus, tmp_path_factory):
-    yield from scenarios.run(request, kube_api, operator_process, prometheus, tmp_path_factory)
+    yield from scenarios.run(request, kube_api, tmp_path_factory, operator_process=operator_process,
+                             prometheus=prometheus)
 
 
 class Outage:
@@ -111,11 +112,8 @@ class Outage:
 
 
 @scenarios.add
-def promoted_template_that_cannot_roll_out_is_restored_exactly(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def promoted_template_that_cannot_roll_out_is_restored_exactly(apis, operator_process,
+                                                               prometheus, reliability) -> None:
     reliability.expect("A promoted template cannot roll out (a ResourceQuota refuses the surge pod)",
                        "RolledBack with RolloutFailed on the Deployment's own ProgressDeadlineExceeded, well inside "
                        "the rollout deadline; both targets restored exactly")
@@ -156,11 +154,8 @@ def promoted_template_that_cannot_roll_out_is_restored_exactly(s: together.Ctx) 
 
 
 @scenarios.add
-def prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched(apis, operator_process,
+                                                                                 prometheus, reliability) -> None:
     reliability.expect("Prometheus unreachable from the operator for longer than the analysis deadline, "
                        "while measuring", "Inconclusive exactly at the deadline (2 m), MetricsAvailable=False "
                        "meanwhile, the fleet never touched")
@@ -197,11 +192,7 @@ def prometheus_down_past_the_deadline_ends_inconclusive_with_the_fleet_untouched
 
 
 @scenarios.add
-def prometheus_down_briefly_then_the_policy_decides(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def prometheus_down_briefly_then_the_policy_decides(apis, operator_process, prometheus, reliability) -> None:
     reliability.expect("Prometheus unreachable briefly while measuring",
                        "MetricsAvailable=False during the outage; the policy resumes and decides as without it "
                        "(a win at batch 1)")
@@ -232,11 +223,8 @@ def prometheus_down_briefly_then_the_policy_decides(s: together.Ctx) -> None:
 
 
 @scenarios.add
-def pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def pause_and_resume_mid_step_freeze_clocks_and_never_double_the_load(apis, operator_process,
+                                                                      prometheus, reliability) -> None:
     reliability.expect("Paused mid-step for longer than a step, then resumed",
                        "load stopped and status frozen while paused; the deadline clock shifted by exactly the "
                        "pause; never more than one load Job per role; Succeeded")
@@ -342,11 +330,8 @@ exec python3 -m lookahead_canary.server "$@"
 
 
 @scenarios.add
-def promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(s: together.Ctx) -> None:
-    apis = s.apis
-    operator_process = s.operator
-    prometheus = s.prometheus
-    reliability = s.reliability
+def promoted_pods_that_crashloop_on_the_kubelet_are_rolled_back_exactly(apis, operator_process,
+                                                                        prometheus, reliability) -> None:
     reliability.expect("The promoted template's pods crash on the kubelet (part of the fleet runs an engine that "
                        "exits on the lookahead flags)", "RolledBack with RolloutFailed; both targets restored "
                        "exactly; the old pod serves throughout")

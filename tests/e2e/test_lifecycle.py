@@ -6,8 +6,9 @@ gives a known effect with real HTTP, real metrics and real scraping.
 
 Each fleet serves production traffic through its Service for the whole rollout (canary and control
 created, waves rolled out, a rollback), and each test asserts from the traffic's record that no
-user request failed; the guard's rollback test is the one exception for now (it says why). The three rollouts run at the same time, each in its own namespace, on the
-module's one operator (tests/e2e/together.py)."""
+user request failed; the guard's rollback test is the one exception for now (it says why). The
+three rollouts run at the same time, each in its own namespace, on the module's one operator
+(tests/e2e/together.py)."""
 
 from __future__ import annotations
 
@@ -29,29 +30,29 @@ scenarios = together.Scenarios()
 
 @pytest.fixture(scope="module")
 def running(request, kube_api, operator_pod, prometheus, tmp_path_factory):
-    yield from scenarios.run(request, kube_api, operator_pod, prometheus, tmp_path_factory)
+    yield from scenarios.run(request, kube_api, tmp_path_factory, operator_pod=operator_pod,
+                             prometheus=prometheus)
 
 
-def _serving(s: together.Ctx, ns: str, sims: dict[str, dict], seed: int):
+def _serving(apps, core, tmp_path, ns: str, sims: dict[str, dict], seed: int):
     """The fleet ``sims`` in ``ns`` behind its Service, its pods ready, production traffic flowing
     (answered) through the Service: the traffic (a started ``ProductionTraffic``) and when it flowed."""
-    url = deploy_fleet(s.apps, s.core, ns, sims, serving=True)
-    wait_for(lambda: all((s.apps.read_namespaced_deployment(n, ns).status.ready_replicas or 0) >= 1 for n in sims),
+    url = deploy_fleet(apps, core, ns, sims, serving=True)
+    wait_for(lambda: all((apps.read_namespaced_deployment(n, ns).status.ready_replicas or 0) >= 1 for n in sims),
              timeout=120, what=f"{ns}: the fleet ready", interval=1.0)
-    traffic = production_traffic(url, s.tmp_path, seed=seed).start()
+    traffic = production_traffic(url, tmp_path, seed=seed).start()
     traffic.wait_requests(3, timeout=60, ok=True)
     return traffic, time.time()
 
 
 @scenarios.add
-def regime_aware_promotion_in_waves(s: together.Ctx) -> None:
-    apps, core, custom, batch = s.apis
-    operator_pod = s.operator
+def regime_aware_promotion_in_waves(apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
     ns = "e2e-regime"
-    traffic, t0 = _serving(s, ns, {name: GOOD_GPU for name in FLEET}, seed=1)
+    traffic, t0 = _serving(apps, core, tmp_path, ns, {name: GOOD_GPU for name in FLEET}, seed=1)
     with traffic:
         originals = saved_templates(apps, ns, FLEET)
-        apply_policy(custom, policy("chat", ns, "chat", s.prometheus.url, [1, 16], "regimeAware", ["50%", "100%"]))
+        apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 16], "regimeAware", ["50%", "100%"]))
         st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
                         operator_pod)
         assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-4000:])
@@ -88,14 +89,13 @@ def test_regime_aware_promotion_in_waves(running, request, reliability):
 
 
 @scenarios.add
-def regressing_canary_rolls_back_with_fleet_untouched(s: together.Ctx) -> None:
-    apps, core, custom, batch = s.apis
-    operator_pod = s.operator
+def regressing_canary_rolls_back_with_fleet_untouched(apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
     ns = "e2e-rollback"
-    traffic, t0 = _serving(s, ns, {"chat-a": BAD_GPU, "chat-b": BAD_GPU}, seed=2)
+    traffic, t0 = _serving(apps, core, tmp_path, ns, {"chat-a": BAD_GPU, "chat-b": BAD_GPU}, seed=2)
     with traffic:
         before = {n: sanitized(apps, ns, n) for n in FLEET}
-        apply_policy(custom, policy("chat", ns, "chat", s.prometheus.url, [1, 8], "regimeAware", ["100%"]))
+        apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1, 8], "regimeAware", ["100%"]))
         st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 420,
                         operator_pod)
         assert st["phase"] == "RolledBack", st.get("message")
@@ -118,11 +118,10 @@ def test_regressing_canary_rolls_back_with_fleet_untouched(running, request, rel
 
 
 @scenarios.add
-def guard_regression_restores_exact_templates(s: together.Ctx) -> None:
+def guard_regression_restores_exact_templates(apis, operator_pod, prometheus) -> None:
     """A heterogeneous fleet: the canary is cloned from chat-a (where lookahead wins), but chat-b
     serves a workload where it loses. The guard catches it in the second wave and restores both."""
-    apps, core, custom, batch = s.apis
-    operator_pod = s.operator
+    apps, core, custom, batch = apis
     ns = "e2e-guard"
     # This fleet stays idle, on purpose and for now: the guard still drives a promoted fleet pod with
     # its own load and counts that pod's production tokens as the promoted side's throughput (issue
@@ -132,7 +131,7 @@ def guard_regression_restores_exact_templates(s: together.Ctx) -> None:
     # this fleet serves it like the others and this comment goes.
     deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU, "chat-b": BAD_GPU})
     originals = saved_templates(apps, ns, FLEET)
-    apply_policy(custom, policy("chat", ns, "chat", s.prometheus.url, [1], "regimeAware", ["50%", "100%"]))
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"]))
     st = wait_phase(custom, ns, "chat", {"Succeeded", "RolledBack", "Failed", "NotACandidate"}, 480,
                     operator_pod)
     assert st["phase"] == "RolledBack", (st.get("message"), st.get("guard"),

@@ -14,8 +14,8 @@ import pytest
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 
-from .helpers import (GOOD_GPU, apply_policy, engine_deployment, events_of, get_policy, make_namespace,
-                      no_leftovers, policy, sanitized)
+from .helpers import (GOOD_GPU, apply_policy, assert_no_failed_requests, engine_deployment, events_of, get_policy,
+                      make_namespace, no_leftovers, policy, production_traffic, sanitized, serve)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -23,54 +23,47 @@ NAME, REPLICAS = "chat-fleet", 10
 
 
 def _fleet(ns: str) -> dict:
-    dep = engine_deployment(ns, NAME, GOOD_GPU, "chat")
+    # a serving fleet (preStop, grace period: engine_deployment's ``serving``) of ten replicas
+    dep = engine_deployment(ns, NAME, GOOD_GPU, "chat", serving=True)
     dep["spec"]["replicas"] = REPLICAS
-    pod = dep["spec"]["template"]["spec"]
     # ten engines beside the other tests' pods on a two-core node: a request the scheduler can fit
     # (the simulated engines idle between requests)
-    pod["containers"][0]["resources"] = {"requests": {"cpu": "10m"}}
-    # a serving fleet as docs/operator.md says ("Your users during a rollout"): a terminating pod
-    # keeps serving until kube-proxy has taken it out, then drains its streams
-    pod["terminationGracePeriodSeconds"] = 30
-    pod["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 3}}}
+    dep["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "10m"}}
     return dep
+
+
+def _ready(p) -> bool:
+    return p.metadata.deletion_timestamp is None and any(c.type == "Ready" and c.status == "True"
+                                                         for c in p.status.conditions or [])
+
+
+def _why_out(p) -> tuple:
+    """A pod not serving: name, owner, being deleted, its Ready condition (what a failure must say)."""
+    ready = next((c for c in p.status.conditions or [] if c.type == "Ready"), None)
+    owner = (p.metadata.owner_references or [None])[0]
+    return (p.metadata.name, owner and owner.name, p.metadata.deletion_timestamp is not None,
+            ready and (ready.status, ready.reason, ready.message))
 
 
 def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_guarded(
         apis, operator_pod, prometheus, tmp_path):
-    from lookahead_dev.traffic import ProductionTraffic, format_failures
-
     apps, core, custom, batch = apis
     ns = "e2e-replica-waves"
     make_namespace(core, ns)
     apps.create_namespaced_deployment(ns, _fleet(ns))
-    svc = core.create_namespaced_service(ns, {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat"},
-        "spec": {"selector": {"app": "chat"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    url = serve(core, ns)
     original = sanitized(apps, ns, NAME)["spec"]["template"]
 
+    def fleet_pods() -> list:
+        return core.list_namespaced_pod(ns, label_selector="app=chat").items
+
     def ready_pods() -> list:
-        return [p for p in core.list_namespaced_pod(ns, label_selector="app=chat").items
-                if p.metadata.deletion_timestamp is None
-                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return [p for p in fleet_pods() if _ready(p)]
 
     wait_for(lambda: len(ready_pods()) == REPLICAS, 180, "the fleet's ten pods ready", interval=1.0)
-
-    def unready() -> list[tuple]:
-        """The fleet's pods not serving now: name, owner, being deleted, their Ready condition."""
-        out = []
-        for p in core.list_namespaced_pod(ns, label_selector="app=chat").items:
-            ready = next((c for c in p.status.conditions or [] if c.type == "Ready"), None)
-            if p.metadata.deletion_timestamp is None and ready is not None and ready.status == "True":
-                continue
-            out.append((p.metadata.name, (p.metadata.owner_references or [None])[0] and
-                        p.metadata.owner_references[0].name, p.metadata.deletion_timestamp is not None,
-                        ready and (ready.status, ready.reason, ready.message)))
-        return out
     # (one request per second: the guard of this issue's first part still counts a promoted pod's
     # production tokens, so the traffic is kept light here; the test is about the waves)
-    traffic = ProductionTraffic(f"http://{svc.spec.cluster_ip}", out=tmp_path / "traffic.jsonl", schedule="0:1",
-                                seed=22, timeout=60, log=tmp_path / "traffic.log")
+    traffic = production_traffic(url, tmp_path, seed=22)
     # while a wave's guard watches it: (wave, pods the status says, lookahead pods serving, all serving)
     seen: list[tuple[int, int, int, int]] = []
     short: list[tuple] = []        # samples with fewer than ten serving: (time, phase, wave, pods not serving)
@@ -84,10 +77,12 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
                 row = next(iter(st.get("targets") or []), {})
                 wave = st.get("currentWave")
                 if st.get("phase") in ("Promoting", "Guarding"):
-                    pods = ready_pods()
+                    everyone = fleet_pods()
+                    pods = [p for p in everyone if _ready(p)]
                     serving_pods.append(len(pods))
                     if len(pods) < REPLICAS:   # what a failure needs to say: which pods were out, and why
-                        short.append((time.time(), st.get("phase"), wave, unready()))
+                        short.append((time.time(), st.get("phase"), wave,
+                                      [_why_out(p) for p in everyone if not _ready(p)]))
                     if st.get("phase") == "Promoting" and wave and (st.get("guard") or {}).get("wave") == wave:
                         on = sum(1 for p in pods if (p.metadata.annotations or {}).get(b.ANNOTATION_PROMOTED))
                         seen.append((wave, row.get("promotedPods"), on, len(pods)))
@@ -113,10 +108,8 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
         assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-3000:])
         wait_for(lambda: len(ready_pods()) == REPLICAS and no_leftovers(apps, batch, ns, "chat"), 120,
                  "ten promoted pods and nothing of the policy's left", interval=1.0)
-    summary = traffic.record.summary(since=t0)
-    print(f"\nproduction traffic through the replica waves: {summary.line()}; waves seen {sorted(set(seen))}")
-    assert summary.failed == 0 and summary.not_sent == 0, format_failures(summary)
-    assert summary.ok > 0
+    served = assert_no_failed_requests(traffic, t0, "the replica waves")
+    print(f"\nproduction traffic through the replica waves: {served}; waves seen {sorted(set(seen))}")
 
     # each wave guarded, with as many lookahead pods serving as it promised
     by_wave = {w: {(pods, serving) for ww, pods, serving, _ in seen if ww == w} for w in (1, 2, 3)}

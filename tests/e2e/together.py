@@ -4,7 +4,9 @@ engines are simulated and idle between requests), so three rollouts side by side
 long as the longest of them, not as long as all three.
 
 A module registers its scenarios (what a test used to do, line by line: build a fleet, apply a
-policy, inject its fault, wait, assert) with ``scenarios.add``; its module fixture ``running``
+policy, inject its fault, wait, assert), written as a test is, asking by parameter name for what
+they need (``apis``, ``tmp_path``, ``reliability``, ``invariants``, and the module's shared
+fixtures: its operator, ``prometheus``), with ``scenarios.add``; its module fixture ``running``
 (``yield from scenarios.run(...)``) starts one thread per scenario whose test is selected, all at
 once, each in its own namespaces, against the module's one operator; each test then waits for its own scenario
 (``running.result(request)``) and fails with that scenario's own traceback. ``pytest -k`` of one
@@ -19,10 +21,9 @@ scenario's ``reliability`` row is written by its own test, passed or failed, as 
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -34,27 +35,7 @@ from .helpers import delete_namespaces, namespace_names
 SCENARIO_TIMEOUT_S = 840   # a scenario's own waits end well before this; then its test fails saying so
 
 
-@dataclass
-class Ctx:
-    """What a scenario gets: the clients of one ApiClient of its own, the module's operator and
-    Prometheus, a directory, its reliability row and the module's invariant watcher."""
-
-    apps: client.AppsV1Api
-    core: client.CoreV1Api
-    custom: client.CustomObjectsApi
-    batch: client.BatchV1Api
-    operator: Any
-    prometheus: Any
-    tmp_path: Path
-    reliability: rel.Recorder
-    invariants: Any
-
-    @property
-    def apis(self):
-        return self.apps, self.core, self.custom, self.batch
-
-
-Scenario = Callable[[Ctx], None]
+Scenario = Callable[..., None]
 
 
 class Running:
@@ -66,14 +47,20 @@ class Running:
         self.errors: dict[str, BaseException] = {}
         self.recorders: dict[str, rel.Recorder] = {}
 
-    def start(self, name: str, fn: Scenario, ctx: Ctx) -> None:
+    def start(self, name: str, fn: Scenario, fixtures: dict[str, Any]) -> None:
+        """Run ``fn`` in a thread with the ``fixtures`` its parameters name."""
+        wanted = inspect.signature(fn).parameters
+        missing = [p for p in wanted if p not in fixtures]
+        assert not missing, f"scenario {name!r} asks for {missing}; a scenario gets {sorted(fixtures)}"
+        kwargs = {p: fixtures[p] for p in wanted}
+
         def body() -> None:
             try:
-                fn(ctx)
+                fn(**kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the scenario's test, which raises it
                 self.errors[name] = exc
 
-        self.recorders[name] = ctx.reliability
+        self.recorders[name] = fixtures["reliability"]
         t = threading.Thread(target=body, name=f"scenario-{name}", daemon=True)
         self.threads[name] = t
         t.start()
@@ -111,9 +98,10 @@ class Scenarios:
         self.by_name[fn.__name__] = fn
         return fn
 
-    def run(self, request: pytest.FixtureRequest, kube_api, operator, prometheus, tmp_path_factory):
+    def run(self, request: pytest.FixtureRequest, kube_api, tmp_path_factory, **shared: Any):
         """The body of a module fixture: start the module's selected scenarios, yield ``Running``,
-        then wait for them, delete their namespaces and stop the watcher."""
+        then wait for them, delete their namespaces and stop the watcher. ``shared``: the module's
+        fixtures every scenario may ask for by name (its operator, ``prometheus``)."""
         from lookahead_dev.invariants import InvariantWatcher
 
         items = [i for i in request.session.items if i.module is request.module]
@@ -132,10 +120,12 @@ class Scenarios:
                 item = next(i for i in items if _scenario_name(i) == name)
                 api = client.ApiClient(kube_api.configuration)
                 api_clients.append(api)
-                ctx = Ctx(client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api),
-                          client.BatchV1Api(api), operator, prometheus, tmp_path_factory.mktemp(name[:40]),
-                          rel.Recorder(item.nodeid), watcher)
-                running.start(name, self.by_name[name], ctx)
+                # (each scenario's clients on an ApiClient of its own, as conftest's ``apis``)
+                apis = (client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api),
+                        client.BatchV1Api(api))
+                running.start(name, self.by_name[name], {
+                    **shared, "apis": apis, "tmp_path": tmp_path_factory.mktemp(name[:40]),
+                    "reliability": rel.Recorder(item.nodeid), "invariants": watcher})
             yield running
         finally:
             running.join_all(SCENARIO_TIMEOUT_S)
