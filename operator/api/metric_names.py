@@ -53,6 +53,10 @@ class MetricNames:
     live_generation_tokens: str | None = None
     live_generation_tokens_match: tuple[tuple[str, str], ...] = ()
     accepted_per_position: str | None = None
+    # finished requests by ``finished_reason`` (the label), and the reasons that are a failure a
+    # user saw (the guard's error rate); None: the engine exports no such counter
+    request_success: str | None = None
+    error_reasons: tuple[str, ...] = ()
 
     def histograms(self) -> dict[str, str]:
         return {k: v for k, v in (("per_token_latency", self.per_token_latency), ("ttft", self.ttft),
@@ -74,6 +78,9 @@ class MetricNames:
 
 VLLM_METRICS = MetricNames(
     engine="vllm",
+    # FinishReason stop | length | abort: abort is a request the engine did not finish (an error,
+    # a preemption it gave up on, or a client that went away)
+    request_success="vllm:request_success_total", error_reasons=("abort",),
     per_token_latency="vllm:request_time_per_output_token_seconds",
     ttft="vllm:time_to_first_token_seconds",
     e2e="vllm:e2e_request_latency_seconds",

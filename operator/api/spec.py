@@ -504,6 +504,13 @@ class GuardSpec(ApiModel):
     duration: Duration = Field(default="10m", description="How long the guard watches after the last wave.")
     max_throughput_regression: Optional[Percent] = Field(
         default=None, description="Throughput drop that triggers rollback; default: analysis.maxThroughputRegression.")
+    max_ttft_regression: RisePercent = Field(
+        default="50%", description="Largest rise of the promoted pods' p95 time to first token over the baseline's "
+                                   "(production traffic) before a rollback, with confidence; 50% = at most 1.5x.")
+    max_error_rate_increase: Percent = Field(
+        default="1%", description="Largest rise of the promoted pods' share of failed requests (the engine's "
+                                  "request_success_total by finished_reason: abort) over the baseline's, in "
+                                  "percentage points (production traffic), before a rollback, with confidence.")
 
 
 _WAVE_INT = "int(string(w).replace('%', ''))"

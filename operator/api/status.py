@@ -293,7 +293,13 @@ class Progress(StatusModel):
         default=None, ge=0, description="0-based index into the guard's batch sizes (status.guard.legs) being "
                                         "driven in the current wave or final guard.")
     guard_leg_started_at: Optional[Timestamp] = Field(
-        default=None, description="When the guard load at the current batch size started.")
+        default=None, description="When the guard load at the current batch size started (production mode: when "
+                                  "the guard's comparison of the current wave started).")
+    guard_mode: Optional[Literal["production", "synthetic"]] = Field(
+        default=None, description="How the guard compares for the rest of the rollout, chosen once at the first "
+                                  "wave from the fleet's recent requests: production (on the traffic the fleet "
+                                  "serves) or synthetic (a fleet that serves no one: load Jobs drive a promoted pod "
+                                  "and the control).")
     paused_at: Optional[Timestamp] = Field(default=None, description="When spec.paused was first seen true.")
     load_run: Optional[int] = Field(default=None, ge=0,
                                     description="Bumped whenever load is (re)started; load Job names carry it.")
@@ -315,12 +321,29 @@ class GuardLeg(StatusModel):
 
 
 class GuardStatus(StatusModel):
-    """The latest guard comparison: a promoted pod against the control."""
+    """The latest guard comparison: promoted pods against their baseline (docs/operator.md, "The
+    guard")."""
 
     wave: Optional[int] = Field(default=None, ge=1, description="The wave being guarded (none: the final guard).")
     message: str = Field(default="", max_length=MAX_MESSAGE)
     enough_data: bool = False
     regressed: bool = False
+    mode: Optional[Literal["production", "synthetic"]] = Field(
+        default=None, description="production: promoted pods against the fleet's not-yet-promoted pods and the "
+                                  "control, on the production traffic they serve, window by window; synthetic: a "
+                                  "promoted pod and the control both driven by the guard's load (an idle fleet).")
+    promoted_pods: Optional[int] = Field(default=None, ge=0, description="Pods on the promoted side.")
+    baseline_pods: Optional[int] = Field(default=None, ge=0, description="Pods on the baseline side.")
+    windows: Optional[int] = Field(default=None, ge=0, description="Paired windows compared so far.")
+    dropped_windows: Optional[int] = Field(default=None, ge=0,
+                                           description="Windows left out (a side served no token in them).")
+    promoted_offered: Optional[float] = Field(
+        default=None, ge=0, description="Production mode: requests routed to each promoted pod per second (mean).")
+    baseline_offered: Optional[float] = Field(
+        default=None, ge=0, description="Production mode: requests routed to each baseline pod per second (mean).")
+    change: Optional[float] = Field(default=None, description="The compared metric's relative change, promoted vs "
+                                                              "baseline (production: per-token latency at equal "
+                                                              "offered load; synthetic: throughput).")
     batch_size: Optional[int] = Field(default=None, ge=1, description="The batch size being driven now.")
     legs: Optional[list[GuardLeg]] = Field(
         default=None, max_length=MAX_BATCH_SIZES,

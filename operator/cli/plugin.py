@@ -295,6 +295,7 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
         out += _wrap(f"decision {d.get('action') or '-'} (crossover {crossover}): {d.get('reason') or ''}".rstrip(),
                      width)
     out += _fleet_lines(st, width)
+    out += _guard_lines(st, width)
     for c in st.get("conditions") or []:
         if isinstance(c, dict):
             out += _wrap(f"  {c.get('type', '-'):<14} {c.get('status', '-'):<6} {c.get('reason', '-')}: "
@@ -303,6 +304,20 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
     if isinstance(rollback, dict) and rollback:
         out += _wrap(f"rolled back: {rollback.get('message') or ''}".rstrip(), width)
     return out
+
+
+def _guard_lines(st: dict, width: int) -> list[str]:
+    """The guard's latest comparison in one paragraph: its mode, who is compared, the sentence."""
+    g = st.get("guard")
+    if not isinstance(g, dict) or not g:
+        return []
+    where = f"wave {g['wave']}" if g.get("wave") else "final guard"
+    sides = ""
+    if g.get("promotedPods") is not None:
+        sides = f", {g['promotedPods']} promoted pod(s) vs {g.get('baselinePods', '-')}"
+        if g.get("promotedOffered") is not None:
+            sides += f" at {g['promotedOffered']:.2f} vs {g.get('baselineOffered') or 0:.2f} req/s per pod"
+    return _wrap(f"guard ({g.get('mode') or 'synthetic'}, {where}{sides}): {g.get('message') or ''}".rstrip(), width)
 
 
 def _fleet_lines(st: dict, width: int) -> list[str]:

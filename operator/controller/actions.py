@@ -149,6 +149,24 @@ def _ensure_guard_load(c: Ctx, a: Action) -> None:
         c.k.create_if_absent(job)
 
 
+def _serve_control(c: Ctx, a: Action) -> None:
+    """The control's pods join the fleet's Service: they get the labels of the selector of the
+    target they were cloned from (which ``builders.build_role_deployment`` left off them), so the
+    Service, which selects the fleet by those, sends them their share of production traffic while
+    the guard compares on it. Pods that have them are not written."""
+    w = c.world
+    source = sm.role_source(w)
+    d = c.k.get_deployment(*source.key) if source is not None else None
+    if d is None:
+        return
+    want = dict(((d.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
+    for pod in c.k.role_pods(_roles_namespace(w), w.namespace, w.name, "control"):
+        meta = pod["metadata"]
+        have = meta.get("labels") or {}
+        if want and not meta.get("deletionTimestamp") and any(have.get(k) != v for k, v in want.items()):
+            c.k.label_pod(meta["namespace"], meta["name"], want)
+
+
 def _delete_load(c: Ctx, a: Action) -> None:
     c.k.delete_load_jobs(c.world.namespace, c.world.name)
 
@@ -281,6 +299,7 @@ ACTIONS = {
     ActionKind.DELETE_ROLES: _delete_roles,
     ActionKind.ENSURE_LOAD: _ensure_load,
     ActionKind.ENSURE_GUARD_LOAD: _ensure_guard_load,
+    ActionKind.SERVE_CONTROL: _serve_control,
     ActionKind.DELETE_LOAD: _delete_load,
     ActionKind.PROMOTE: _promote,
     ActionKind.DELETE_WAVES: _delete_waves,

@@ -14,11 +14,13 @@ from lookahead_operator.controller import fleet
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Need, Observed, ReadError, Target
+from lookahead_operator.measurement.results import GuardPods
 from lookahead_operator.controller.roles import role_transform
 from lookahead_operator.api.names import (
     ANNOTATION_ABORT,
     ANNOTATION_APPROVE,
     ANNOTATION_ORIGINAL_TEMPLATE,
+    ANNOTATION_PROMOTED,
     LABEL_DRIVES,
     LABEL_POD,
     LABEL_ROLE,
@@ -78,6 +80,7 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         # read once per pass: the guard's load Jobs are aimed at these pods (actions), and a Job
         # whose pod is no longer among them drives nothing
         world.guard_pods = driven["promoted"] = guard_fleet_pods(k, world)
+        world.guard_sides = guard_sides(k, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
@@ -95,7 +98,7 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
             world.decision = with_promoted_config(measure.decision(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
         elif need is Need.GUARD:
-            world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy))
+            world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides)
     except measure.READ_ERRORS as exc:
         world.read_errors.append(ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
                                                             f"{type(exc).__name__}: {exc}"[:500]))
@@ -121,6 +124,36 @@ def guard_fleet_pods(k, world: Observed) -> list[dict]:
     newest = fleet.newest_promoted(sm.in_play(world))
     d = k.get_deployment(*newest.key) if newest else None
     return k.pods(newest.namespace, d["spec"]["selector"]) if d else []
+
+
+def guard_sides(k, world: Observed, status: LookaheadPolicyStatus, control: list[dict]) -> GuardPods:
+    """The pods the guard compares (``results.GuardPods``), ready and not terminating: the promoted
+    side is the target promoted last's pods that carry this decision's id (its wave Deployment's,
+    or all of its own once promoted whole); the baseline is every in-play target's pods without it;
+    the control's pods are listed apart (they serve beside the fleet in production mode). A pod
+    of ours that joined the Service (a role label) is never counted as fleet."""
+    decision = status.decision.id if status.decision else None
+    play = sm.in_play(world)
+    newest = fleet.newest_promoted(play)
+    promoted, baseline = [], []
+    for t in play:
+        d = k.get_deployment(*t.key)
+        if d is None:
+            continue
+        for pod in k.pods(t.namespace, d["spec"]["selector"]):
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get(LABEL_ROLE) or meta.get("deletionTimestamp") or not fleet.pod_ready(pod):
+                continue
+            key = (meta["namespace"], meta["name"])
+            if decision and (meta.get("annotations") or {}).get(ANNOTATION_PROMOTED) == decision:
+                if newest is not None and t.key == newest.key:
+                    promoted.append(key)
+            else:
+                baseline.append(key)
+    ctl = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in control
+           if not p["metadata"].get("deletionTimestamp") and fleet.pod_ready(p)]
+    return GuardPods(promoted=tuple(sorted(set(promoted))), baseline=tuple(sorted(set(baseline))),
+                     control=tuple(sorted(ctl)), targets=tuple(sorted(t.key for t in play)))
 
 
 def current_load_jobs(jobs: list[dict], run: int | None) -> list[dict]:

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from lookahead_operator.api.spec import LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
-from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement
+from lookahead_operator.measurement.results import GuardCheck, GuardPods, PreflightResult, StepMeasurement
 
 #: The phases in which canary and control exist.
 WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})
@@ -106,6 +106,8 @@ class Observed:
     load_finished: set[str] = field(default_factory=set)
     # in Promoting and Guarding: the pods of the target promoted last, which the guard drives
     guard_pods: list[dict] = field(default_factory=list)
+    # in Promoting and Guarding: promoted, not-yet-promoted and control pods as the guard compares them
+    guard_sides: GuardPods = field(default_factory=GuardPods)
     poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
 
     @property
@@ -125,6 +127,7 @@ class ActionKind(StrEnum):
     DELETE_ROLES = "DeleteRoles"
     ENSURE_LOAD = "EnsureLoadJobs"     # the step's load Jobs exist (run-numbered names)
     ENSURE_GUARD_LOAD = "EnsureGuardLoad"
+    SERVE_CONTROL = "ServeControl"     # the control's pods join the fleet's Service (production-traffic guard)
     DELETE_LOAD = "DeleteLoadJobs"     # every load Job of the policy
     PROMOTE = "PromoteTargets"         # each target's pods of this wave: whole (template) or in part (wave Deployment)
     DELETE_WAVES = "DeleteWaveDeployments"  # the wave Deployments of the given targets (all: none given)

@@ -195,6 +195,12 @@ class Kube:
         self.request("PATCH", f"{_APPS}/namespaces/{namespace}/deployments/{name}", body=patch,
                      content_type=STRATEGIC_MERGE)
 
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """Add ``labels`` to a pod of ours (the control joining the fleet's Service): a merge patch
+        of its metadata only; its ReplicaSet still owns it (its selector is unchanged)."""
+        self.request("PATCH", f"{_CORE}/namespaces/{namespace}/pods/{name}", body={"metadata": {"labels": labels}},
+                     content_type="application/merge-patch+json")
+
     def replace_deployment(self, body: dict) -> None:
         meta = body["metadata"]
         self.request("PUT", f"{_APPS}/namespaces/{meta['namespace']}/deployments/{meta['name']}", body=body)

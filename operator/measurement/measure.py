@@ -22,6 +22,7 @@ independent samples; overlapping windows would make intervals too narrow):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 import time
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
@@ -34,8 +35,9 @@ from lookahead_operator.api.metric_names import MetricNames, metric_names
 from lookahead_operator.measurement import prometheus
 from lookahead_operator.measurement.decision import decide
 from lookahead_operator.measurement.preflight import production_batch_sizes, screen
-from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement, guard_batch_sizes
-from lookahead_operator.measurement.stats import (PairedComparison, SequentialComparison, TailComparison, Thresholds,
+from lookahead_operator.measurement.results import (GUARD_PRODUCTION, GUARD_SYNTHETIC, GuardCheck, GuardPods,
+                                                    PreflightResult, StepMeasurement, guard_batch_sizes)
+from lookahead_operator.measurement.stats import (PairedComparison, TailComparison, Thresholds, compare_error_rate,
                                                   compare_tail_latency, family_split, policy_thresholds)
 from lookahead_operator.measurement.verdict import BatchComparison
 from lookahead_operator.measurement.wording import confidence_words
@@ -102,20 +104,21 @@ def _le(value: str) -> float:
 
 
 def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime, end: datetime,
-                     now: float | None = None) -> dict[float, float] | None:
+                     now: float | None = None, regex: dict[str, str] | None = None) -> dict[float, float] | None:
     """The cumulative bucket counts of histogram ``metric`` (base name) over [start, end], summed
     over the pods ``labels`` select: ``{le: increase of metric_bucket{le}}``, ``+Inf`` included --
     what ``stats.compare_tail_latency`` takes. Exact reset-aware increases from the raw samples,
     as ``prometheus`` reads every counter (no PromQL ``increase()`` extrapolation); the
     ``histogram_quantile`` of these counts is what Prometheus' own function gives for the step.
-    None when the histogram has no bucket series or is not scraped past ``end`` yet."""
+    None when the histogram has no bucket series or is not scraped past ``end`` yet. ``regex``:
+    label matchers by regular expression besides ``labels``."""
     t0, t1 = start.timestamp(), end.timestamp()
     if t1 <= t0:
         return None
     now = time.time() if now is None else now
     lookback = prometheus.DEFAULT_LOOKBACK_S
     until = max(t1, min(now, t1 + lookback))
-    series = prometheus.raw_samples(prom, f"{metric}_bucket", prometheus.selector(labels), t0 - lookback, until)
+    series = prometheus.raw_samples(prom, f"{metric}_bucket", prometheus.selector(labels, regex), t0 - lookback, until)
     by_le: dict[float, dict[tuple, Any]] = defaultdict(dict)
     for key, pts in series.items():
         le = dict(key).get("le")
@@ -129,6 +132,32 @@ def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime,
         if d.unscraped:
             return None
         out[le] = d.value
+    return out
+
+
+def finished_by_reason(prom, metric: str, labels: dict[str, str], regex: dict[str, str] | None, start: datetime,
+                       end: datetime, now: float | None = None) -> dict[str, float] | None:
+    """The increase of counter ``metric`` over [start, end] per ``finished_reason`` (summed over
+    the pods selected), exact and reset-aware like every counter here; None when it has no series
+    or is not scraped past ``end`` yet."""
+    t0, t1 = start.timestamp(), end.timestamp()
+    if t1 <= t0:
+        return None
+    now = time.time() if now is None else now
+    lookback = prometheus.DEFAULT_LOOKBACK_S
+    series = prometheus.raw_samples(prom, metric, prometheus.selector(labels, regex), t0 - lookback,
+                                    max(t1, min(now, t1 + lookback)))
+    by_reason: dict[str, dict[tuple, Any]] = defaultdict(dict)
+    for key, pts in series.items():
+        by_reason[dict(key).get("finished_reason", "")][key] = pts
+    if not by_reason:
+        return None
+    out = {}
+    for reason, group in by_reason.items():
+        d = prometheus._delta(group, t0, t1, count_ended=True)
+        if d.unscraped:
+            return None
+        out[reason] = d.value
     return out
 
 
@@ -380,14 +409,111 @@ def promotion_regime(status: LookaheadPolicyStatus) -> int | None:
     return regime_cap(status.decision)
 
 
+#: The guard chooses its mode from the fleet's requests over this long before its first wave.
+PRODUCTION_LOOKBACK_S = 120.0
+#: ... and compares on production traffic when the fleet's pods started at least this many.
+PRODUCTION_MIN_REQUESTS = 5
+
+
 def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
-          jobs: list[dict]) -> GuardCheck:
-    """A promoted fleet pod vs the control, both driven by the guard's current load Jobs at the batch
-    size the state machine is guarding (``results.guard_batch_sizes``: after a regime-aware
-    promotion one inside the lookahead range, then one above it), on output throughput since those
-    Jobs started. A regression beyond the guard's tolerance, with confidence, rolls back. The
-    confidence is split over the guard's batch sizes (one of them: the policy's)."""
-    legs = guard_batch_sizes(status)
+          jobs: list[dict], pods: GuardPods = GuardPods()) -> GuardCheck:
+    """The guard's check this pass, in the mode the rollout guards in (``progress.guardMode``;
+    until it is chosen, ``guard_mode`` reads which one the fleet needs). Both modes end in the same
+    paired comparison (``guard_comparison``: ``prometheus.paired_sample`` per window, then
+    ``PairedComparison``), the one the measurement's steps run."""
+    mode = status.progress.guard_mode
+    if mode is None:
+        return guard_mode(spec, status, now, pods)
+    if mode == GUARD_PRODUCTION:
+        return production_guard(spec, status, now, pods)
+    return synthetic_guard(spec, policy, status, now, jobs)
+
+
+def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: datetime,
+               pods: GuardPods) -> GuardCheck:
+    """Which guard the fleet needs, from the requests its pods started (the TTFT histogram's count)
+    over the last ``PRODUCTION_LOOKBACK_S``: a fleet that serves users is guarded on their traffic
+    and never given load of ours; one that served fewer than ``PRODUCTION_MIN_REQUESTS`` is
+    idle, and its promoted pod and the control are driven by the guard's load Jobs."""
+    names = metric_names(status_engine(status))
+    if not pods.targets or not names.ttft:
+        return GuardCheck(False, "guard: synthetic (the engine exports no time-to-first-token histogram to count "
+                                 "the fleet's requests by)", enough_data=False, mode=GUARD_SYNTHETIC)
+    t1 = now.timestamp()
+    t0 = t1 - max(PRODUCTION_LOOKBACK_S, 4 * spec.analysis.sample_interval.total_seconds())
+    labels, regex = prometheus.pod_match("namespace", "pod", sorted({ns for ns, _ in pods.targets}),
+                                         [name for _, name in pods.targets], deployments=True)
+    r = prometheus._Reader(_prom(spec), labels, t0, t1, regex=regex, count_ended=True)
+    d = r.delta(f"{names.ttft}_count")
+    started = d.value if d is not None else 0.0
+    if started >= PRODUCTION_MIN_REQUESTS:
+        return GuardCheck(False, f"guard: the fleet served {started:.0f} requests in the last "
+                                 f"{t1 - t0:.0f}s: the guard compares on its production traffic", enough_data=False,
+                          mode=GUARD_PRODUCTION)
+    return GuardCheck(False, f"guard: the fleet served {started:.0f} requests in the last {t1 - t0:.0f}s (idle): "
+                             "the guard drives a promoted pod and the control with its own load", enough_data=False,
+                      mode=GUARD_SYNTHETIC)
+
+
+def _pods_selector(pods: Sequence[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    namespaces = sorted({ns for ns, _ in pods})
+    return prometheus.pod_match("namespace", "pod", namespaces, sorted({p for _, p in pods}))
+
+
+def production_guard(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: datetime,
+                     pods: GuardPods) -> GuardCheck:
+    """The guard on production traffic: the promoted pods of the target promoted last against the
+    baseline (the fleet's pods not promoted yet and the control, which serves beside them), over
+    the same windows since this guard started (plus one window, for the control to join the
+    Service and the new pods to fill), on per-token latency at equal offered load
+    (``offered_load_adjusted``), through ``guard_comparison``."""
+    start = status.progress.guard_leg_started_at
+    if start is None:
+        return GuardCheck(False, "guard: waiting for the wave to serve", enough_data=False, mode=GUARD_PRODUCTION)
+    promoted = list(pods.promoted)
+    baseline = list(pods.baseline) + list(pods.control)
+    if not promoted or not baseline:
+        return GuardCheck(False, f"guard: waiting for ready {'promoted' if not promoted else 'baseline'} pods",
+                          enough_data=False, mode=GUARD_PRODUCTION)
+    prom = _prom(spec)
+    names = metric_names(status_engine(status))
+    interval = spec.analysis.sample_interval.total_seconds()
+    t0 = (start + timedelta(seconds=interval)).timestamp()
+    sel = {"promoted": _pods_selector(promoted), "baseline": _pods_selector(baseline)}
+    end = now
+    for labels, regex in sel.values():
+        t = prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
+        if t is not None:
+            end = min(end, datetime.fromtimestamp(t, tz=timezone.utc))
+    n = int((end.timestamp() - t0) // interval)
+    if n < 1:
+        return GuardCheck(False, "guard: not enough data yet (no whole window of production traffic)",
+                          enough_data=False, mode=GUARD_PRODUCTION,
+                          numbers={"promotedPods": len(promoted), "baselinePods": len(baseline), "windows": 0})
+    bounds = [t0 + k * interval for k in range(n + 1)]
+    incs = {arm: prometheus.prometheus_increments(prom, names, labels, bounds, buckets=True, regex=regex)
+            for arm, (labels, regex) in sel.items()}
+    pairs = [prometheus.paired_sample(b, p, names) for b, p in zip(incs["baseline"], incs["promoted"])]
+    # what users feel besides the per-token mean, over the same span: TTFT buckets, failed requests
+    a, z = datetime.fromtimestamp(bounds[0], tz=timezone.utc), datetime.fromtimestamp(bounds[-1], tz=timezone.utc)
+    felt = UsersFelt(
+        ttft={arm: bucket_increases(prom, names.ttft, labels, a, z, regex=regex) if names.ttft else None
+              for arm, (labels, regex) in sel.items()},
+        finished={arm: finished_by_reason(prom, names.request_success, labels, regex, a, z)
+                  if names.request_success else None for arm, (labels, regex) in sel.items()},
+        error_reasons=names.error_reasons)
+    return guard_comparison(spec, status, pairs, GUARD_PRODUCTION, len(promoted), len(baseline), interval,
+                            f"production traffic: {len(promoted)} promoted pod(s)",
+                            f"{len(baseline) - len(pods.control)} not-yet-promoted pod(s) and the control", felt)
+
+
+def synthetic_guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,
+                    now: datetime, jobs: list[dict]) -> GuardCheck:
+    """The guard of a fleet that serves no one: a promoted fleet pod and the control, both driven by
+    the guard's current load Jobs at the batch size the state machine is guarding
+    (``results.guard_batch_sizes``: after a regime-aware promotion one inside the lookahead range,
+    then one above it), on output throughput, window by window since those Jobs started, through
+    ``guard_comparison``. The confidence is split over the guard's batch sizes."""
     run = str(status.progress.load_run or 0)
     current = [j for j in jobs if j["metadata"]["labels"].get(api.LABEL_RUN) == run]
     promoted_job = next((j for j in current if j["metadata"]["labels"].get(api.LABEL_DRIVES) == "promoted"), None)
@@ -398,24 +524,175 @@ def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
         return GuardCheck(False, "guard: waiting for the guard load's pods to run", enough_data=False)
     pod_ns = promoted_job["metadata"]["namespace"]
     pod = promoted_job["metadata"]["labels"][api.LABEL_POD]
-    th = thresholds(spec)
-    if len(legs) > 1:  # one rollback decision over the guard's batch sizes: split its error budget
-        th = th.for_family(len(legs), 1)
-    tol = spec.promotion.guard.max_throughput_regression
-    tol = tol if tol is not None else th.max_throughput_regression
     prom = _prom(spec)
     names = metric_names(status_engine(status))
     interval = spec.analysis.sample_interval.total_seconds()
-    comp = SequentialComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
     start = start + timedelta(seconds=interval)  # let the closed loop fill
-    comp.add("canary", interval_samples(prom, names, {"namespace": pod_ns, "pod": pod}, start, now,
-                                        interval)["throughput"])
-    comp.add("control", interval_samples(prom, names, role_labels(policy, "control"), start, now,
-                                         interval)["throughput"])
+    labels = {"promoted": {"namespace": pod_ns, "pod": pod}, "control": role_labels(policy, "control")}
+    pairs, n = [], 0
+    if (now - start).total_seconds() >= interval:   # a whole window can have closed: ask Prometheus
+        end = scraped_until(prom, names, list(labels.values()), now)
+        n = int((end - start).total_seconds() // interval)
+    if n >= 1:
+        bounds = [start.timestamp() + k * interval for k in range(n + 1)]
+        incs = {arm: prometheus.prometheus_increments(prom, names, sel, bounds) for arm, sel in labels.items()}
+        pairs = [prometheus.paired_sample(c, p, names) for c, p in zip(incs["control"], incs["promoted"])]
+    return guard_comparison(spec, status, pairs, GUARD_SYNTHETIC, 1, 1, interval,
+                            f"promoted pod {pod_ns}/{pod}", "the control")
+
+
+def latency_tolerance(max_throughput_regression: float) -> float:
+    """The per-token latency increase that costs ``max_throughput_regression`` of throughput at the
+    same batch: tokens per second per running request is 1 / per-token latency, so a throughput
+    loss r is a latency increase of 1 / (1 - r) - 1 (5% -> +5.26%)."""
+    return 1.0 / (1.0 - max_throughput_regression) - 1.0
+
+
+def offered_load_adjusted(pairs: Sequence[prometheus.PairedSample], promoted_pods: int, baseline_pods: int,
+                          min_windows: int = 10) -> tuple[list[float | None], list[float | None], float]:
+    """Per window, the (baseline, promoted) per-token latencies with the promoted one adjusted to the
+    baseline's offered load: ``(baseline, promoted * exp(-b * x))``, where ``x`` is the log-ratio of
+    the requests each arm's pods were routed in the window (``started`` per pod; + 1 so that a
+    window with none stays defined) and ``b`` the slope of the windows' latency log-ratio on ``x``
+    (least squares). The router sets ``x``, the treatment does not (a slower arm keeps requests
+    longer, so its *running* batch is an outcome, but not what it was sent): the mean of the
+    adjusted log-ratios is the change at equal offered load (a regression adjustment, like CUPED's
+    on a pre-period covariate). ``b`` is 0 with fewer than ``min_windows`` usable windows or no
+    spread in ``x``. Also returns ``b``."""
+    base = [p.control.per_token_latency_s for p in pairs]
+    prom = [p.canary.per_token_latency_s for p in pairs]
+    xs, ds, idx = [], [], []
+    for i, p in enumerate(pairs):
+        c, k = p.control, p.canary
+        if not (c.per_token_latency_s and k.per_token_latency_s) or c.started is None or k.started is None:
+            continue
+        xs.append(math.log((1.0 + k.started / max(1, promoted_pods)) / (1.0 + c.started / max(1, baseline_pods))))
+        ds.append(math.log(k.per_token_latency_s / c.per_token_latency_s))
+        idx.append(i)
+    b = 0.0
+    if len(xs) >= min_windows:
+        mx, md = sum(xs) / len(xs), sum(ds) / len(ds)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx > 1e-12:
+            b = sum((x - mx) * (d - md) for x, d in zip(xs, ds)) / sxx
+    adjusted = list(prom)
+    for x, i in zip(xs, idx):
+        adjusted[i] = prom[i] * math.exp(-b * x)
+    return base, adjusted, b
+
+
+@dataclass(frozen=True)
+class UsersFelt:
+    """A production guard's reads over its whole span, per side (``promoted``, ``baseline``): the
+    TTFT histogram's bucket increases, and finished requests by ``finished_reason`` (None where the
+    engine exports neither), with the reasons that are failures."""
+    ttft: dict[str, dict[float, float] | None]
+    finished: dict[str, dict[str, float] | None]
+    error_reasons: tuple[str, ...] = ()
+
+
+def guard_comparison(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, pairs: list[prometheus.PairedSample],
+                     mode: str, promoted_pods: int, baseline_pods: int, interval_s: float, promoted_words: str,
+                     baseline_words: str, felt: UsersFelt | None = None) -> GuardCheck:
+    """THE guard's statistics, for both modes: the paired anytime-valid comparison
+    (``PairedComparison``, as ``paired_verdict`` runs for a step) of promoted against baseline over
+    ``pairs`` (window i of both arms is the same wall-clock window). Synthetic mode (both arms
+    driven at one concurrency, a closed loop): output throughput, the tolerance
+    ``promotion.guard.maxThroughputRegression``. Production mode (an open loop: throughput is what
+    users send, not what the pods can do): per-token latency at equal offered load
+    (``offered_load_adjusted``), its tolerance the latency increase that costs that much
+    throughput (``latency_tolerance``); plus the p99/p95 per-token latency from the summed
+    histogram buckets against ``analysis.maxTailLatencyRegression`` (a veto, as in a step). Worse
+    with confidence beyond the tolerance rolls back; the confidence is split over the guard's
+    batch sizes (synthetic) or its metrics (production). In production mode ``felt`` adds what
+    users feel besides the mean: the p95 time to first token against
+    ``promotion.guard.maxTtftRegression`` and the share of failed requests against
+    ``promotion.guard.maxErrorRateIncrease`` (``users_felt``)."""
+    th = thresholds(spec)
+    tol = spec.promotion.guard.max_throughput_regression
+    tol = tol if tol is not None else th.max_throughput_regression
+    legs = guard_batch_sizes(status)
+    if mode == GUARD_PRODUCTION:
+        th = th.for_family(1, 4)     # the mean, the per-token tail, the TTFT tail, the error rate
+        base, promoted, _ = offered_load_adjusted(pairs, promoted_pods, baseline_pods)
+        comp = PairedComparison("per_token_latency_seconds", "lower", latency_tolerance(tol), th.confidence,
+                                th.min_samples)
+        comp.add_pairs(base, promoted)
+        what = "per-token latency"
+    else:
+        if len(legs) > 1:  # one rollback decision over the guard's batch sizes: split its error budget
+            th = th.for_family(len(legs), 1)
+        comp = PairedComparison("output_tokens_per_second", "higher", tol, th.confidence, th.min_samples)
+        comp.add_pairs([p.control.tokens_per_s for p in pairs], [p.canary.tokens_per_s for p in pairs])
+        what = "throughput"
     r = comp.result()
+    numbers: dict[str, Any] = {"promotedPods": promoted_pods, "baselinePods": baseline_pods,
+                               "windows": r.n_canary, "droppedWindows": r.dropped}
+    if mode == GUARD_PRODUCTION:
+        seconds = max(1e-9, interval_s * max(1, len(pairs)))
+        for arm, n_pods, side in (("promoted", promoted_pods, "canary"), ("baseline", baseline_pods, "control")):
+            total = sum(getattr(p, side).started or 0.0 for p in pairs)
+            numbers[f"{arm}Offered"] = round(total / max(1, n_pods) / seconds, 4)
     if r.estimate is None or r.interval is None:
-        return GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False)
-    words = (f"promoted pod {pod_ns}/{pod} throughput {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
-             f"{r.interval[1] * 100:+.1f}%] vs the control ({confidence_words(th.confidence)} CS, "
-             f"n={r.n_canary}/{r.n_control})")
-    return GuardCheck(r.verdict.value == "Worse", words)
+        return GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False,
+                          mode=mode, numbers=numbers)
+    numbers["change"] = round(r.estimate, 6)
+    if mode == GUARD_PRODUCTION and r.verdict.value != "Worse" and r.interval[1] >= th.max_tail_latency_regression:
+        # a pass needs evidence: the interval must at least exclude a rise as large as the tail's
+        # tolerance (twice the baseline's per-token latency by default) before a soak can pass
+        return GuardCheck(False, f"guard: not enough data yet ({r.n_canary} paired windows; per-token latency "
+                                 f"{r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, {r.interval[1] * 100:+.1f}%] "
+                                 f"still allows +{th.max_tail_latency_regression * 100:.0f}%)",
+                          enough_data=False, mode=mode, numbers=numbers)
+    load = (f" at {numbers['promotedOffered']:.2f} vs {numbers['baselineOffered']:.2f} requests/s per pod"
+            if mode == GUARD_PRODUCTION else "")
+    words = (f"{promoted_words} {what} {r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, "
+             f"{r.interval[1] * 100:+.1f}%] vs {baseline_words}{load} ({confidence_words(th.confidence)} CS, "
+             f"{r.n_canary} paired windows)")
+    regressed = r.verdict.value == "Worse"
+    if mode == GUARD_PRODUCTION and not regressed:
+        engine = status_engine(status)
+        tail = tail_from_buckets(prometheus.summed_buckets(p.control for p in pairs),
+                                 prometheus.summed_buckets(p.canary for p in pairs), th,
+                                 tail_design_effect(engine, 1, None))
+        worst = tail.worst() if tail is not None and tail.regresses else None
+        felt_words = users_felt(spec, felt, th) if felt is not None else None
+        if worst is not None:
+            regressed = True
+            words = (f"{promoted_words} p{round(worst.quantile * 100)} per-token latency regressed beyond "
+                     f"analysis.maxTailLatencyRegression vs {baseline_words}; mean: {words}")
+        elif felt_words is not None:
+            regressed = True
+            words = f"{promoted_words} {felt_words} vs {baseline_words}; per-token mean: {words}"
+    return GuardCheck(regressed, words, mode=mode, numbers=numbers)
+
+
+def users_felt(spec: LookaheadPolicySpec, felt: UsersFelt, th: Thresholds) -> str | None:
+    """What users felt that rolls back, in words, or None: the promoted side's p95 time to first
+    token above the baseline's by more than ``maxTtftRegression`` (``compare_tail_latency`` on the
+    TTFT buckets, p95 only, one observation per request), or its share of failed requests above
+    the baseline's by more than ``maxErrorRateIncrease`` (``compare_error_rate``), with confidence
+    ``th.confidence`` each."""
+    g = spec.promotion.guard
+    base, prom = felt.ttft.get("baseline"), felt.ttft.get("promoted")
+    if base and prom:
+        try:
+            tail = compare_tail_latency(base, prom, g.max_ttft_regression, th.confidence, quantiles=(0.95,))
+        except ValueError:
+            tail = None
+        q = tail.q(0.95) if tail is not None else None
+        if tail is not None and tail.regresses and q is not None:
+            change = f" ({q.change * 100:+.0f}%)" if q.change is not None else ""
+            return (f"p95 time to first token{change} rose beyond promotion.guard.maxTtftRegression "
+                    f"({g.max_ttft_regression * 100:.0f}%)")
+    counts = {arm: felt.finished.get(arm) for arm in ("baseline", "promoted")}
+    if all(counts.values()) and felt.error_reasons:
+        errors = {arm: sum(v for r, v in c.items() if r in felt.error_reasons) for arm, c in counts.items()}
+        total = {arm: sum(c.values()) for arm, c in counts.items()}
+        rate = compare_error_rate(errors["baseline"], total["baseline"], errors["promoted"], total["promoted"],
+                                  g.max_error_rate_increase, th.confidence)
+        if rate.worse:
+            return (f"failed requests {rate.canary_rate * 100:.1f}% ({errors['promoted']:.0f} of "
+                    f"{total['promoted']:.0f}) vs {rate.control_rate * 100:.1f}%, beyond "
+                    f"promotion.guard.maxErrorRateIncrease ({g.max_error_rate_increase * 100:g} points)")
+    return None

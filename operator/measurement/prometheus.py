@@ -260,6 +260,7 @@ class RoleSample:
     accepted_tokens: float | None = None
     drafts: float | None = None
     buckets: Mapping[float, float] | None = None
+    started: float | None = None   # requests that got their first token (the TTFT histogram's count)
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,8 @@ def _counter_names(m: MetricNames) -> list[str]:
         names += [f"{m.per_token_latency}_sum", f"{m.per_token_latency}_count"]
     if m.e2e:
         names.append(f"{m.e2e}_count")
+    if m.ttft:
+        names.append(f"{m.ttft}_count")
     if m.decode_time:
         names.append(f"{m.decode_time}_sum")
     names += [n for n in (m.drafts, m.draft_tokens, m.accepted_tokens) if n]
@@ -313,7 +316,8 @@ def role_sample(inc: Increments | None, m: MetricNames) -> RoleSample:
         tokens_per_s=(gen / secs) if gen is not None and secs > 0 else None,
         output_tokens=gen, seconds=secs, requests=requests,
         draft_tokens=inc.get(m.draft_tokens), accepted_tokens=inc.get(m.accepted_tokens), drafts=inc.get(m.drafts),
-        buckets=dict(inc.buckets) if inc.buckets is not None else None)
+        buckets=dict(inc.buckets) if inc.buckets is not None else None,
+        started=inc.get(f"{m.ttft}_count") if m.ttft else None)
 
 
 def paired_sample(control: Increments | None, canary: Increments | None, m: MetricNames) -> PairedSample:
@@ -933,16 +937,17 @@ def _interval_samples(incs: Sequence["Increments | None"], m: MetricNames) -> In
 
 def prometheus_increments(prom: Any, engine_metrics: MetricNames | str, selector_labels: Mapping[str, str],
                           bounds: Sequence[float], *, buckets: bool = False,
-                          lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None
-                          ) -> list["Increments | None"]:
+                          lookback_s: float = DEFAULT_LOOKBACK_S, now: float | None = None,
+                          regex: Mapping[str, str] | None = None) -> list["Increments | None"]:
     """:class:`Increments` of the engines ``selector_labels`` select, per interval between
     consecutive ``bounds`` (Unix seconds), read from Prometheus (range queries of the raw samples;
     see the module docstring for why not ``increase()``). ``buckets``: also the per-token-latency
-    histogram's bucket increases (for the tail comparison)."""
+    histogram's bucket increases (for the tail comparison). ``regex``: label matchers by regular
+    expression besides ``selector_labels`` (``pod_match``)."""
     if len(bounds) < 2 or any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"bounds must be at least two increasing times, got {list(bounds)}")
     m = engine_metrics if isinstance(engine_metrics, MetricNames) else metric_names(engine_metrics)
-    r = _Reader(prom, selector_labels, bounds[0], bounds[-1], lookback_s=lookback_s, now=now)
+    r = _Reader(prom, selector_labels, bounds[0], bounds[-1], lookback_s=lookback_s, now=now, regex=regex)
     return _interval_increments(r, m, bounds, buckets=buckets)
 
 

@@ -17,12 +17,38 @@ class StepMeasurement:
     conclusive: bool                  # the sequential test has an answer at the policy's confidence
 
 
+#: How a guard compares (``GuardCheck.mode``, ``status.guard.mode``): ``production`` on the
+#: production traffic the fleet's pods serve (no load of ours on them), ``synthetic`` by driving a
+#: promoted pod and the control with the guard's load Jobs (a fleet that serves no one).
+GUARD_PRODUCTION, GUARD_SYNTHETIC = "production", "synthetic"
+
+
+@dataclass(frozen=True)
+class GuardPods:
+    """The pods a guard compares, as ``observe`` classifies them this pass (each ``(namespace,
+    pod)``): ``promoted`` the ready pods of the target promoted last that run this decision's
+    template; ``baseline`` the fleet's ready pods that do not (not promoted yet, in any target)
+    and, in production mode, the control's, which serve beside them; ``targets`` the in-play
+    target Deployments ``(namespace, name)``, whose pods' recent requests tell whether the fleet
+    serves production traffic."""
+    promoted: tuple[tuple[str, str], ...] = ()
+    baseline: tuple[tuple[str, str], ...] = ()
+    control: tuple[tuple[str, str], ...] = ()
+    targets: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass(frozen=True)
 class GuardCheck:
-    """Promoted pods vs the control during a wave or the guard."""
+    """Promoted pods against their baseline during a wave or the guard (``measure.guard``).
+
+    ``mode``: how it compared (``GUARD_PRODUCTION`` or ``GUARD_SYNTHETIC``); the state machine
+    keeps the first one it sees for the rest of the rollout. ``numbers``: what ``status.guard``
+    shows of it (pods, windows, offered load per pod), camelCase keys of ``GuardStatus``."""
     regressed: bool
     message: str
     enough_data: bool = True
+    mode: str = GUARD_SYNTHETIC
+    numbers: dict | None = None
 
 
 @dataclass(frozen=True)

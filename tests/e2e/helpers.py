@@ -80,8 +80,8 @@ def production_traffic(url: str, tmp_path, seed: int, schedule: str = "0:1"):
     """Open-loop production traffic (``lookahead_dev.traffic``) to ``url`` for a ``with`` block:
     Poisson arrivals at ``schedule`` (requests per second), half of them streamed, a mix of the
     bundled prompt sets; every outcome in ``.record``. One request per second by default: several
-    rollouts share the two-core node, and the guard of this issue's first part still counts a
-    promoted pod's production tokens (issue 22), so the traffic is kept light."""
+    rollouts share the two-core node; a test whose guard must see every pod served often asks
+    for more (``schedule``)."""
     from lookahead_dev.traffic import ProductionTraffic
 
     return ProductionTraffic(url, out=tmp_path / "traffic.jsonl", schedule=schedule, seed=seed, timeout=60,

@@ -61,9 +61,10 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
         return [p for p in fleet_pods() if _ready(p)]
 
     wait_for(lambda: len(ready_pods()) == REPLICAS, 180, "the fleet's ten pods ready", interval=1.0)
-    # (one request per second: the guard of this issue's first part still counts a promoted pod's
-    # production tokens, so the traffic is kept light here; the test is about the waves)
-    traffic = production_traffic(url, tmp_path, seed=22)
+    # (three requests a second: eleven pods serve it, the control among them once it joins the
+    # Service for the guard, and wave 1's guard compares one promoted pod, which needs requests in
+    # most of its 5-second windows)
+    traffic = production_traffic(url, tmp_path, seed=22, schedule="0:3")
     # while a wave's guard watches it: (wave, pods the status says, lookahead pods serving, all serving)
     seen: list[tuple[int, int, int, int]] = []
     short: list[tuple] = []        # samples with fewer than ten serving: (time, phase, wave, pods not serving)
@@ -106,6 +107,8 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
             stop.set()
             watcher.join(timeout=10)
         assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-3000:])
+        # each wave guarded on the production traffic, with no load of ours on a serving pod
+        assert st["progress"]["guardMode"] == "production" and st["guard"]["enoughData"], st.get("guard")
         wait_for(lambda: len(ready_pods()) == REPLICAS and no_leftovers(apps, batch, ns, "chat"), 120,
                  "ten promoted pods and nothing of the policy's left", interval=1.0)
     served = assert_no_failed_requests(traffic, t0, "the replica waves")

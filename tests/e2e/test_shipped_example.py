@@ -138,7 +138,20 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
         assert all(waves[0].spec.template.metadata.labels.get(k) == v
                    for k, v in before["spec"]["selector"]["matchLabels"].items())
 
-        # Deleting the policy mid-rollout puts the fleet back exactly and leaves nothing behind.
+        # The first wave's guard compares on the production traffic (the fleet serves users): the
+        # control joins the example's Service beside the fleet, and no load Job drives a serving pod.
+        st = wait_for(lambda: ((s := get_policy(custom, ns, name).get("status") or {}).get("progress") or {})
+                      .get("guardMode") and s, timeout=180, interval=1.0, what="the guard's mode chosen")
+        assert st["progress"]["guardMode"] == "production", (st.get("guard"), st.get("message"))
+        selector = ",".join(f"{k}={v}" for k, v in before["spec"]["selector"]["matchLabels"].items())
+        wait_for(lambda: [p for p in core.list_namespaced_pod(ns, label_selector=selector).items
+                          if (p.metadata.labels or {}).get(b.LABEL_ROLE) == "control"], timeout=60, interval=1.0,
+                 what="the control serving behind the example's Service")
+        assert not [j for j in batch.list_namespaced_job(ns).items
+                    if (j.metadata.labels or {}).get("lookahead.dev/drives") == "promoted"]
+
+        # Deleting the policy mid-rollout (its control serving users) puts the fleet back exactly
+        # and leaves nothing behind.
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 
         def gone():

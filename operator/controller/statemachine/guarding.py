@@ -11,7 +11,7 @@ from lookahead_operator.controller.statemachine.cleanup import _roll_back
 from lookahead_operator.controller.statemachine.clocks import _load_started, _new_load_run
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.world import ActionKind
-from lookahead_operator.measurement.results import GuardCheck, guard_batch_sizes
+from lookahead_operator.measurement.results import GUARD_PRODUCTION, GuardCheck, guard_batch_sizes
 from lookahead_operator.api.status import GuardLeg, GuardStatus, Phase
 
 
@@ -34,6 +34,10 @@ def _guard_legs(ctx: PassContext, wave: int, status_wave: int | None, since: dat
     Returns True while the pass is over (guarding, moved to the next batch size, or rolled back),
     False once every batch size has passed."""
     world, progress = ctx.world, ctx.progress
+    if progress.guard_mode is None and _choose_mode(ctx, since, what):
+        return True
+    if progress.guard_mode == GUARD_PRODUCTION:
+        return _production_guard(ctx, status_wave, what)
     legs = guard_batch_sizes(ctx.status)
     i = min(progress.guard_leg or 0, len(legs) - 1)
     size, lookahead = legs[i]
@@ -77,6 +81,56 @@ def _guard_legs(ctx: PassContext, wave: int, status_wave: int | None, since: dat
         ctx.wait(0)
         return True
     return False
+
+
+def _choose_mode(ctx: PassContext, since: datetime | None, what: str) -> bool:
+    """Before the first guard of the rollout: how it guards, for the rest of the rollout
+    (``measure.guard_mode``, from the fleet's recent requests). A fleet that serves users is
+    guarded on their traffic, and no load of ours ever reaches its pods; an idle one by the guard's
+    load Jobs. Until Prometheus answers, nothing is driven; the analysis deadline bounds the wait.
+    Returns True while the pass is over (waiting, or rolled back), False once the mode is chosen
+    (the guard starts in this same pass)."""
+    world, progress = ctx.world, ctx.progress
+    check = world.guard if not ctx.ignore_guard else None
+    if check is None:
+        ctx.fact(C.GuardData, False, "WaitingForData", f"{what}: reading whether the fleet serves production traffic")
+        if ctx.since(since) >= ctx.spec.analysis.deadline:
+            _roll_back(ctx, "GuardNoData", f"{what}: the fleet's traffic could not be read by the analysis deadline; "
+                                           "not promoting blind")
+            return True
+        ctx.wait(world.poll_s)
+        return True
+    progress.guard_mode = check.mode
+    progress.guard_leg, progress.guard_leg_started_at = None, None
+    ctx.events.append(("Normal", "GuardMode", check.message.removeprefix("guard: ")))
+    return False
+
+
+def _production_guard(ctx: PassContext, status_wave: int | None, what: str) -> bool:
+    """Guard a wave (or, ``status_wave`` None, the final guard) on production traffic: the control
+    serves beside the fleet (its pods join the fleet's Service), no load Job runs, and the
+    comparison (``measure.production_guard``) starts when this wave's guard does. Returns True
+    while the pass is over (guarding, or rolled back), False once it passed."""
+    world, progress = ctx.world, ctx.progress
+    ctx.act(ActionKind.SERVE_CONTROL)
+    if progress.guard_leg_started_at is None:
+        progress.guard_leg_started_at = world.now
+        ctx.status.guard = GuardStatus(wave=status_wave, mode=GUARD_PRODUCTION,
+                                       message=f"{what}: comparing on production traffic from now")
+        ctx.wait(world.poll_s)
+        return True
+    check = world.guard if world.guard is not None and not ctx.ignore_guard \
+        and world.guard.mode == GUARD_PRODUCTION else None
+    if check is not None and check.regressed:
+        _roll_back(ctx, "GuardRegression", f"{what}: {check.message}")
+        return True
+    if check is not None:
+        numbers = {k: v for k, v in (check.numbers or {}).items()}
+        ctx.status.guard = GuardStatus.model_validate(
+            {"wave": status_wave, "mode": GUARD_PRODUCTION, "message": check.message,
+             "enoughData": check.enough_data, **numbers})
+    return _must_keep_guarding(ctx, check, progress.guard_leg_started_at, ctx.spec.promotion.wave_duration
+                               if status_wave is not None else ctx.spec.promotion.guard.duration, what)
 
 
 def _must_keep_guarding(ctx: PassContext, check: GuardCheck | None, since: datetime | None, duration: timedelta,

@@ -65,8 +65,9 @@ from lookahead_operator.measurement.stats.comparisons import PairedComparison, S
 from lookahead_operator.measurement.stats.sequences import (PAIRED_EFFECT_PRIOR, log_ratio_confidence_sequence,
                                                             mixture_half_width, paired_log_confidence_sequence,
                                                             paired_ratio_confidence_sequence)
-from lookahead_operator.measurement.stats.tails import (QuantileComparison, TailComparison, compare_tail_latency,
-                                                        histogram_quantile)
+from lookahead_operator.measurement.stats.tails import (QuantileComparison, RateComparison, TailComparison,
+                                                        compare_error_rate, compare_tail_latency, histogram_quantile,
+                                                        proportion_bounds)
 from lookahead_operator.measurement.stats.thresholds import (DEFAULT_MAX_TAIL_LATENCY_REGRESSION,
                                                              DEFAULT_METRICS_PER_BATCH, Thresholds, family_split,
                                                              per_test_confidence, policy_thresholds, win_confidence)
@@ -74,7 +75,8 @@ from lookahead_operator.measurement.stats.verdicts import ComparisonResult, Dire
 
 __all__ = [
     "Verdict", "Direction", "Thresholds", "ComparisonResult", "SequentialComparison", "PairedComparison",
-    "TailComparison", "QuantileComparison", "compare_tail_latency", "histogram_quantile", "per_test_confidence",
+    "TailComparison", "QuantileComparison", "compare_tail_latency", "RateComparison", "compare_error_rate",
+    "proportion_bounds", "histogram_quantile", "per_test_confidence",
     "win_confidence", "family_split", "policy_thresholds", "log_ratio_confidence_sequence",
     "paired_ratio_confidence_sequence", "paired_log_confidence_sequence", "mixture_half_width",
     "DEFAULT_MAX_TAIL_LATENCY_REGRESSION", "DEFAULT_METRICS_PER_BATCH", "PAIRED_EFFECT_PRIOR",

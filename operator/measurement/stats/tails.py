@@ -237,3 +237,46 @@ def compare_tail_latency(
         note = (f"need {need:.0f} observations per arm for p{max(quantiles) * 100:g}, "
                 f"have {n_c:.0f} control / {n_k:.0f} canary")
     return TailComparison(float(max_regression), float(confidence), n_c, n_k, tuple(results), verdict, note)
+
+
+def proportion_bounds(events: float, trials: float, alpha: float) -> tuple[float, float]:
+    """(lo, hi): a time-uniform confidence interval for a Bernoulli rate after ``events`` in
+    ``trials`` (the same conjugate beta-binomial mixture martingale as the quantile bounds, with a
+    Beta(1/2, 1/2) prior): every rate p whose mixture likelihood ratio stays below 1/alpha, found
+    on a grid fine enough for a rate of errors (1e-6 .. 1 - 1e-6, log-spaced below 1/2)."""
+    if trials <= 0:
+        return 0.0, 1.0
+    events = min(max(float(events), 0.0), float(trials))
+    thresh = math.log(1.0 / alpha)
+    low = np.geomspace(1e-6, 0.5, 400)
+    grid = np.concatenate([low, 1.0 - low[::-1][1:]])
+    inside = [p for p in grid if _log_mixture_lr(events, float(trials), float(p), 0.5, 0.5) < thresh]
+    if not inside:
+        rate = events / trials
+        return rate, rate
+    return float(min(inside)), float(max(inside))
+
+
+@dataclass(frozen=True)
+class RateComparison:
+    """Error rate, canary vs control: ``worse`` when the canary's rate exceeds the control's by
+    more than ``max_increase`` (absolute), with confidence (each side's ``proportion_bounds`` at
+    half the error budget: the canary's lower bound minus the control's upper bound)."""
+
+    control_rate: float | None
+    canary_rate: float | None
+    excess_lower: float | None      # canary lo - control hi: above max_increase -> worse
+    max_increase: float
+    worse: bool
+
+
+def compare_error_rate(control_errors: float, control_requests: float, canary_errors: float,
+                       canary_requests: float, max_increase: float, confidence: float = 0.99) -> RateComparison:
+    alpha = (1.0 - confidence) / 2.0
+    if control_requests <= 0 or canary_requests <= 0:
+        return RateComparison(None, None, None, max_increase, False)
+    _, control_hi = proportion_bounds(control_errors, control_requests, alpha)
+    canary_lo, _ = proportion_bounds(canary_errors, canary_requests, alpha)
+    excess = canary_lo - control_hi
+    return RateComparison(control_errors / control_requests, canary_errors / canary_requests, excess, max_increase,
+                          excess > max_increase)

@@ -140,6 +140,21 @@ def test_status_tolerates_missing_and_odd_values():
     assert plugin.format_status({"metadata": {"name": "p", "namespace": "n"}}, 80)[-1] == "no per-batch results yet"
 
 
+def test_status_shows_the_guard_what_it_compares_and_on_what():
+    policy = {"metadata": {"name": "p", "namespace": "n"},
+              "status": {"phase": "Promoting", "currentWave": 2, "guard": {
+                  "wave": 2, "mode": "production", "promotedPods": 5, "baselinePods": 6, "promotedOffered": 0.41,
+                  "baselineOffered": 0.39, "message": "production traffic: 5 promoted pod(s) per-token latency -31.0% "
+                                                      "[-40.2%, -20.1%] vs 5 not-yet-promoted pod(s) and the control"}}}
+    lines = plugin.format_status(policy, 80)
+    text = " ".join(" ".join(lines).split())   # wrapped lines, read as one
+    assert "guard (production, wave 2, 5 promoted pod(s) vs 6 at 0.41 vs 0.39 req/s per pod):" in text
+    assert "-31.0% [-40.2%, -20.1%]" in text and all(len(line) <= 80 for line in lines)
+    idle = {"metadata": {"name": "p", "namespace": "n"},
+            "status": {"phase": "Guarding", "guard": {"mode": "synthetic", "message": "batch size 8: throughput +1%"}}}
+    assert "guard (synthetic, final guard): batch size 8: throughput +1%" in " ".join(plugin.format_status(idle, 80))
+
+
 def test_output_width_honours_columns_and_defaults_to_80_for_a_pipe(monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     assert plugin.output_width(io.StringIO()) == 80

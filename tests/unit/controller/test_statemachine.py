@@ -895,3 +895,66 @@ def test_pause_during_the_second_guard_batch_size_shifts_its_clock():
     plan, w = run(replace(at(w, WAVE / 2 + 1010), spec=SWEEP))
     assert w.status.progress.guard_leg_started_at == leg_start + timedelta(seconds=1000)
     assert w.status.progress.guard_leg == 1 and guard_loads(plan) == [(16, w.status.progress.load_run)]
+
+
+# --- the guard on production traffic (issue 22, part 3) -------------------------------------------
+
+PRODUCTION = sm.GuardCheck(False, "guard: the fleet served 120 requests in the last 120s: the guard compares on "
+                                  "its production traffic", enough_data=False, mode="production")
+
+
+def test_a_fleet_that_serves_users_is_guarded_on_their_traffic_and_never_given_load():
+    """The first guard pass finds the fleet serving: the mode is kept for the rollout, the control
+    joins the fleet's Service, no guard load is created in any wave or in the final guard, each
+    wave compares from when its guard starts, and a production check's numbers reach status.guard."""
+    w = promoted_after([row(b) for b in (1, 4, 16, 64)], "Promote")
+    plan, w = run(replace(w, guard=PRODUCTION))
+    assert w.status.progress.guard_mode == "production"
+    assert K.SERVE_CONTROL in kinds(plan) and K.ENSURE_GUARD_LOAD not in kinds(plan)
+    assert ("Normal", "GuardMode", PRODUCTION.message.removeprefix("guard: ")) in plan.events
+    started = w.status.progress.guard_leg_started_at
+    assert started == w.now and w.status.guard.mode == "production"
+    ok = sm.GuardCheck(False, "production traffic: 1 promoted pod(s) per-token latency -8.0% [-12.0%, -4.0%] vs ...",
+                       mode="production", numbers={"promotedPods": 1, "baselinePods": 2, "windows": 12,
+                                                   "droppedWindows": 1, "promotedOffered": 0.4,
+                                                   "baselineOffered": 0.5, "change": -0.08})
+    plan, w = run(replace(at(w, 30), guard=ok))
+    g = w.status.guard
+    assert (g.mode, g.promoted_pods, g.baseline_pods, g.windows, g.promoted_offered, g.change) == \
+        ("production", 1, 2, 12, 0.4, -0.08)
+    assert K.ENSURE_GUARD_LOAD not in kinds(plan) and w.status.phase == Phase.Promoting
+    t = 30
+    while w.status.phase == Phase.Promoting and t < 20 * WAVE:
+        t += WAVE / 2
+        targets = [replace(x, promoted=w.status.decision.id) for x in w.targets]
+        plan, w = run(replace(at(w, t), targets=targets, guard=ok))
+        assert K.ENSURE_GUARD_LOAD not in kinds(plan), "no load of ours on a serving fleet, in any wave"
+    assert w.status.phase == Phase.Guarding and w.status.progress.guard_mode == "production"
+    plan, w = run(replace(at(w, t + 1), guard=ok))
+    assert K.SERVE_CONTROL in kinds(plan) and K.ENSURE_GUARD_LOAD not in kinds(plan)
+    plan, w = run(replace(at(w, t + 2 + SWEEP.promotion.guard.duration.total_seconds()), guard=ok))
+    assert w.status.phase == Phase.Succeeded and K.DELETE_ROLES in kinds(plan)
+
+
+def test_a_production_regression_rolls_back_naming_the_wave_and_what_users_felt():
+    w = promoted_after([row(b) for b in (1, 4, 16, 64)], "Promote")
+    _, w = run(replace(w, guard=PRODUCTION))
+    worse = sm.GuardCheck(True, "production traffic: 1 promoted pod(s) per-token latency +25.0% [+21.0%, +29.0%]",
+                          mode="production")
+    plan = sm.reconcile(replace(at(w, 20), guard=worse))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "GuardRegression"
+    assert plan.status.rollback.message.startswith("wave 1: production traffic: 1 promoted pod(s) per-token latency")
+
+
+def test_the_guard_drives_nothing_until_it_knows_whether_the_fleet_serves_users():
+    """No check (Prometheus unread): no load is started on a fleet that may be serving, and the
+    analysis deadline still bounds the wait; an idle fleet gets the synthetic guard in that same pass."""
+    w = promoted_after([row(b) for b in (1, 4, 16, 64)], "Promote")
+    plan, w1 = run(w)
+    assert K.ENSURE_GUARD_LOAD not in kinds(plan) and w1.status.progress.guard_mode is None
+    plan = sm.reconcile(at(w1, SWEEP.analysis.deadline.total_seconds() + 1))
+    assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "GuardNoData"
+    idle = sm.GuardCheck(False, "guard: the fleet served 0 requests in the last 120s (idle): ...", enough_data=False)
+    plan, w2 = run(replace(w1, guard=idle))
+    assert w2.status.progress.guard_mode == "synthetic" and K.ENSURE_GUARD_LOAD in kinds(plan)
+    assert K.SERVE_CONTROL not in kinds(plan)

@@ -155,11 +155,12 @@ def test_slim_pod_and_job_keep_what_load_jobs_and_the_guard_read():
                                                "control": canary_pods}) == {"canary"}
     assert observe.gone_load_targets(jobs, 4, {"canary": [], "control": []}) == set(), "only the current run"
     # the guard finds its Job by labels and compares from when the load ran (status.progress)
-    status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3}})
+    status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3, "guardMode": "synthetic"}})
     now = datetime(2026, 12, 1, 8, 0, 3, tzinfo=timezone.utc)  # before the first window: nothing is queried
     check = measure.guard(spec, ("team-a", "bench"), status, now, [cache.slim_job(job(drives="control")), j])
     assert check.enough_data is False and "pods to run" in check.message
-    status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3, "loadStartedAt": "2026-12-01T08:00:02Z"}})
+    status = LookaheadPolicyStatus.model_validate({"progress": {"loadRun": 3, "loadStartedAt": "2026-12-01T08:00:02Z",
+                                                                "guardMode": "synthetic"}})
     check = measure.guard(spec, ("team-a", "bench"), status, now, [cache.slim_job(job(drives="control")), j])
     assert check.enough_data is False and "waiting for the guard load" not in check.message
 
@@ -510,3 +511,41 @@ def test_an_event_is_posted_as_planned_and_logged_without_the_phase_change(caplo
             time.sleep(0.01)
     assert posted == [("bench", "Normal", "TargetsClaimed", "Pending -> Preflight: claimed 2 Deployment(s)")]
     assert [r.getMessage() for r in caplog.records] == ["team-a/bench: TargetsClaimed: claimed 2 Deployment(s)"]
+
+
+def test_the_guard_compares_the_newest_promoted_targets_pods_with_every_pod_not_promoted():
+    """``observe.guard_sides``: ready pods only; those carrying this decision's id on the target
+    promoted last are the promoted side, any pod without it (any in-play target) the baseline; a pod
+    of ours that joined the fleet's Service (a role label) is never fleet; the control is apart."""
+    from lookahead_operator.api.status import Decision, Phase
+
+    def pod(name, promoted=None, ready=True, labels=None, deleting=False):
+        meta = {"namespace": "serving", "name": name, "labels": labels or {},
+                "annotations": {api.ANNOTATION_PROMOTED: promoted} if promoted else {}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-12-01T08:00:00Z"
+        return {"metadata": meta, "status": {"conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+    class Reads:
+        def get_deployment(self, ns, name):
+            return {"spec": {"selector": {"matchLabels": {"fleet": name}}}}
+
+        def pods(self, ns, selector):
+            return {"a": [pod("a-1", "d1"), pod("a-2"), pod("a-3", "d1", ready=False),
+                          pod("ctl-0", labels={api.LABEL_ROLE: "control"})],
+                    "b": [pod("b-1", "d1"), pod("b-2", deleting=True)],
+                    "c": [pod("c-1")]}[selector["matchLabels"]["fleet"]]
+
+    me = "inference/chat-fleet"
+    targets = [Target("serving", "a", "reference", owner=me, promoted="d1", lent=1, replicas=2),
+               Target("serving", "b", "reference", owner=me, promoted="d1"),
+               Target("serving", "c", "reference", owner=me, user_edited=True)]
+    status = LookaheadPolicyStatus(phase=Phase.Promoting, decision=Decision(id="d1", action="Promote", reason="r"))
+    w = Observed(now=datetime(2026, 12, 1, tzinfo=timezone.utc), name="chat-fleet", namespace="inference",
+                 generation=1, fingerprint="f", spec=None, status=status, targets=targets)
+    control = [pod("ctl-0"), pod("ctl-1", ready=False)]
+    sides = observe.guard_sides(Reads(), w, status, control)
+    assert sides.promoted == (("serving", "b-1"),), "b was promoted last; a's promoted pod was guarded before"
+    assert sides.baseline == (("serving", "a-2"),), "c is its user's; b-2 is going; a-3 is not ready"
+    assert sides.control == (("serving", "ctl-0"),)
+    assert sides.targets == (("serving", "a"), ("serving", "b"))

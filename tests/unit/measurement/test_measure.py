@@ -186,7 +186,12 @@ class Store:
         self.series.append((name, dict(labels), list(points)))
 
     def _match(self, sel, labels):
-        return all(labels.get(k) == v for k, v in re.findall(r'(\w+)="([^"]*)"', sel))
+        for k, op, v in re.findall(r'(\w+)(=~|=)"([^"]*)"', sel):
+            if op == "=" and labels.get(k) != v:
+                return False
+            if op == "=~" and not re.fullmatch(v.replace("\\\\", "\\"), str(labels.get(k, ""))):
+                return False
+        return True
 
     def custom_query(self, query, params=None):
         m = re.fullmatch(r"([\w:]+)(\{.*\})\[(\d+)s\]", query)
@@ -349,7 +354,7 @@ def _guard_status(action, leg):
     return LookaheadPolicyStatus(
         phase="Promoting", batches=rows, targets=[TargetStatus(namespace="serving", name="a", engine="reference")],
         decision=Decision(action=action, reason="r", regime=regime if action == "PromoteRegimeAware" else None),
-        progress=Progress(batch_sizes=[1, 4, 16], load_run=5, guard_leg=leg, load_started_at=T0))
+        progress=Progress(batch_sizes=[1, 4, 16], load_run=5, guard_leg=leg, load_started_at=T0, guard_mode="synthetic"))
 
 
 def test_guard_compares_the_promoted_pod_with_the_control_at_the_split_confidence(monkeypatch):
@@ -631,3 +636,143 @@ def test_the_runtime_preflight_degrades_when_prometheus_cannot_be_read(monkeypat
     st = measure.read_preflight(spec, [sm.Target(namespace="inference", name="chat")], now=200.0).status
     assert st.candidate and st.verdict == "Unknown" and st.batch_sizes == [1, 8]
     assert "could not be read" in st.reasons[0]
+
+
+# --- the guard on production traffic (issue 22, part 3) -------------------------------------------
+
+from lookahead_operator.measurement.results import GuardPods  # noqa: E402
+
+
+def _serving_pod(store, labels, per_token_s, requests_per_s, start, seconds, seed):
+    """A fleet pod serving production traffic: tokens at ``per_token_s`` each (5% lognormal noise),
+    and ``requests_per_s`` requests started (the TTFT histogram's count, Poisson)."""
+    rng = np.random.default_rng(seed)
+    engine_run(store, labels, lambda: per_token_s * rng.lognormal(0, 0.05), start, seconds)
+    scrapes = np.arange(start - 20, start + seconds + 1, 1.0)
+    arrivals = np.cumsum(np.where(scrapes > start, rng.poisson(requests_per_s, scrapes.size), 0))
+    store.add(REF.ttft + "_count", labels, zip(scrapes, arrivals))
+
+
+def _production_status(mode="production"):
+    from lookahead_operator.api.status import Decision
+
+    return LookaheadPolicyStatus(
+        phase="Promoting", targets=[TargetStatus(namespace="serving", name="a", engine="reference")],
+        decision=Decision(action="Promote", reason="r"),
+        progress=Progress(batch_sizes=[1, 8], wave=0, guard_mode=mode, guard_leg_started_at=T0))
+
+
+SIDES = GuardPods(promoted=(("serving", "a-7"),), baseline=(("serving", "b-1"),), control=(("serving", "c-0"),),
+                  targets=(("serving", "a"), ("serving", "b")))
+
+
+@pytest.mark.parametrize("promoted_s, regressed", [(0.0125, True), (0.0100, False)])
+def test_the_production_guard_compares_promoted_pods_with_the_fleet_and_control_on_their_traffic(
+        monkeypatch, promoted_s, regressed):
+    """Promoted pods 25% slower per token than the not-yet-promoted pod and the control, at the same
+    production traffic, regress (a throughput loss of 20% at the same batch); equal ones do not, and
+    the comparison says how many windows, pods and requests per pod it compared. No load Job is read."""
+    store = Store()
+    _serving_pod(store, {"namespace": "serving", "pod": "a-7"}, promoted_s, 0.5, T0.timestamp(), 320, 1)
+    _serving_pod(store, {"namespace": "serving", "pod": "b-1"}, 0.010, 0.5, T0.timestamp(), 320, 2)
+    _serving_pod(store, {"namespace": "serving", "pod": "c-0"}, 0.010, 0.5, T0.timestamp(), 320, 3)
+    monkeypatch.setattr(measure, "_prom", lambda spec: store)
+    check = measure.guard(_spec(), ("inference", "p"), _production_status(), T0 + timedelta(seconds=300), [], SIDES)
+    assert check.mode == "production" and check.enough_data, check.message
+    assert check.regressed is regressed, check.message
+    assert "production traffic: 1 promoted pod(s) per-token latency" in check.message
+    assert "1 not-yet-promoted pod(s) and the control" in check.message
+    n = check.numbers
+    assert n["promotedPods"] == 1 and n["baselinePods"] == 2 and n["windows"] >= 20
+    assert 0.3 < n["promotedOffered"] < 0.7 and 0.3 < n["baselineOffered"] < 0.7
+    assert (n["change"] > 0.15) is regressed
+
+
+def test_the_guard_chooses_production_mode_only_for_a_fleet_that_served_requests(monkeypatch):
+    store = Store()
+    _serving_pod(store, {"namespace": "serving", "pod": "a-5d8f-x"}, 0.010, 0.2, T0.timestamp(), 320, 1)
+    monkeypatch.setattr(measure, "_prom", lambda spec: store)
+    now = T0 + timedelta(seconds=300)
+    serving = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
+    assert serving.mode == "production" and not serving.regressed and not serving.enough_data, serving.message
+    idle = Store()
+    _serving_pod(idle, {"namespace": "serving", "pod": "a-5d8f-x"}, 0.010, 0.0, T0.timestamp(), 320, 1)
+    monkeypatch.setattr(measure, "_prom", lambda spec: idle)
+    check = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
+    assert check.mode == "synthetic" and "idle" in check.message and not check.enough_data
+
+
+def test_offered_load_adjustment_removes_what_the_router_did_and_keeps_what_the_treatment_did():
+    """Windows where the router sent one side more requests per pod than the other: per-token latency
+    rises with the offered load alike on both sides (no treatment), so the unadjusted mean log-ratio
+    is biased by the imbalance; the adjusted one is not. A real 20% slowdown survives the adjustment."""
+    from lookahead_operator.measurement.prometheus import PairedSample, RoleSample
+
+    rng = np.random.default_rng(5)
+
+    def pairs(effect):
+        out = []
+        for _ in range(40):
+            a, b = rng.integers(1, 9), rng.integers(1, 5)     # the promoted side is sent more, on average
+            lat = lambda load: 0.01 * (1 + 0.1 * load)       # noqa: E731 - latency grows with load
+            out.append(PairedSample(RoleSample(per_token_latency_s=lat(b), started=float(b)),
+                                    RoleSample(per_token_latency_s=lat(a) * effect, started=float(a))))
+        return out
+
+    for effect in (1.0, 1.2):
+        ps = pairs(effect)
+        raw = np.mean([math.log(p.canary.per_token_latency_s / p.control.per_token_latency_s) for p in ps])
+        base, adjusted, b = measure.offered_load_adjusted(ps, 1, 1)
+        adj = np.mean([math.log(k / c) for c, k in zip(base, adjusted)])
+        assert b > 0.1 and raw - math.log(effect) > 0.05, (b, raw)
+        assert abs(adj - math.log(effect)) < 0.02, (adj, effect)
+
+
+def test_latency_tolerance_is_the_throughput_tolerance_at_the_same_batch():
+    assert measure.latency_tolerance(0.05) == pytest.approx(0.0526315789)
+    assert measure.latency_tolerance(0.20) == pytest.approx(0.25)
+
+
+def test_the_production_guard_rolls_back_on_what_users_feel_besides_the_mean():
+    """Per-token means alike, but the promoted pods' p95 time to first token three times the
+    baseline's, or a tenth of their requests failing where the baseline's do not: each rolls back,
+    naming the signal and the CRD field; a difference within the fields' defaults does not."""
+    spec = _spec()
+    th = measure.thresholds(spec).for_family(1, 4)
+    fast = {0.05: 900.0, 0.1: 990.0, 0.25: 1000.0, 0.5: 1000.0, math.inf: 1000.0}     # p95 in (50, 100] ms
+    slow = {0.05: 100.0, 0.1: 300.0, 0.25: 500.0, 0.5: 1000.0, math.inf: 1000.0}     # p95 in (250, 500] ms
+    ok = {"stop": 990.0, "length": 10.0}
+    felt = measure.UsersFelt(ttft={"baseline": fast, "promoted": slow}, finished={"baseline": ok, "promoted": ok},
+                             error_reasons=("abort",))
+    words = measure.users_felt(spec, felt, th)
+    assert words and "p95 time to first token" in words and "maxTtftRegression (50%)" in words, words
+    failing = {"stop": 900.0, "abort": 100.0}
+    felt = measure.UsersFelt(ttft={"baseline": fast, "promoted": fast}, finished={"baseline": ok, "promoted": failing},
+                             error_reasons=("abort",))
+    words = measure.users_felt(spec, felt, th)
+    assert words and words.startswith("failed requests 10.0% (100 of 1000) vs 0.0%") and \
+        "maxErrorRateIncrease (1 points)" in words, words
+    same = measure.UsersFelt(ttft={"baseline": fast, "promoted": fast},
+                             finished={"baseline": {"stop": 995.0, "abort": 5.0}, "promoted": {"stop": 993.0, "abort": 7.0}},
+                             error_reasons=("abort",))
+    assert measure.users_felt(spec, same, th) is None
+    no_counter = measure.UsersFelt(ttft={"baseline": None, "promoted": None}, finished={"baseline": None,
+                                                                                       "promoted": None})
+    assert measure.users_felt(spec, no_counter, th) is None, "an engine without the signals: no verdict from them"
+
+
+def test_error_rate_bounds_are_time_uniform_and_honest():
+    from lookahead_operator.measurement.stats import compare_error_rate, proportion_bounds
+
+    lo, hi = proportion_bounds(5, 100, 0.005)
+    assert lo < 0.05 < hi and hi < 0.25
+    assert proportion_bounds(0, 0, 0.01) == (0.0, 1.0)
+    rng = np.random.default_rng(0)
+    # no real difference (1% both): at 99% the excess is claimed in at most a few percent of fleets,
+    # looked at after every 100 requests up to 2000 (anytime: every look counts)
+    false = 0
+    for _ in range(200):
+        a, b = rng.random(2000) < 0.01, rng.random(2000) < 0.01
+        false += any(compare_error_rate(a[:n].sum(), n, b[:n].sum(), n, 0.0, 0.99).worse for n in range(100, 2001, 100))
+    assert false <= 4, false
+    assert compare_error_rate(2, 1000, 100, 1000, 0.01, 0.99).worse
