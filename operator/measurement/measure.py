@@ -504,7 +504,13 @@ def production_guard(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, n
         error_reasons=names.error_reasons)
     return guard_comparison(spec, status, pairs, GUARD_PRODUCTION, len(promoted), len(baseline), interval,
                             f"production traffic: {len(promoted)} promoted pod(s)",
-                            f"{len(baseline) - len(pods.control)} not-yet-promoted pod(s) and the control", felt)
+                            _baseline_words(len(baseline) - len(pods.control), len(pods.control)), felt)
+
+
+def _baseline_words(fleet_pods: int, control_pods: int) -> str:
+    """Who the production guard's baseline is, in words."""
+    parts = ([f"{fleet_pods} not-yet-promoted pod(s)"] if fleet_pods else []) + (["the control"] if control_pods else [])
+    return " and ".join(parts)
 
 
 def synthetic_guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,

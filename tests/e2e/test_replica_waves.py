@@ -101,7 +101,7 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
         apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["10%", "50%", "100%"]))
         try:
             st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") in
-                          {"Succeeded", "RolledBack", "Failed", "NotACandidate"} and s, 600,
+                          {"Succeeded", "RolledBack", "Failed", "NotACandidate"} and s, 900,
                           "the rollout ended", interval=1.0)
         finally:
             stop.set()

@@ -681,7 +681,7 @@ def test_the_production_guard_compares_promoted_pods_with_the_fleet_and_control_
     assert check.mode == "production" and check.enough_data, check.message
     assert check.regressed is regressed, check.message
     assert "production traffic: 1 promoted pod(s) per-token latency" in check.message
-    assert "1 not-yet-promoted pod(s) and the control" in check.message
+    assert "vs 1 not-yet-promoted pod(s) and the control" in check.message
     n = check.numbers
     assert n["promotedPods"] == 1 and n["baselinePods"] == 2 and n["windows"] >= 20
     assert 0.3 < n["promotedOffered"] < 0.7 and 0.3 < n["baselineOffered"] < 0.7
