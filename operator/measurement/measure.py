@@ -445,7 +445,13 @@ def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: da
                                          [name for _, name in pods.targets], deployments=True)
     r = prometheus._Reader(_prom(spec), labels, t0, t1, regex=regex, count_ended=True)
     d = r.delta(f"{names.ttft}_count")
-    started = d.value if d is not None else 0.0
+    if d is None:
+        return GuardCheck(False, f"guard: the fleet's pods are not scraped by Prometheus (no {names.ttft}_count"
+                                 f"{r.sel}), so the guard cannot see whether they serve users: it drives a promoted "
+                                 "pod and the control with its own load. If the fleet serves users, have Prometheus "
+                                 "scrape its pods (docs/analyze.md) and the guard compares on their traffic instead",
+                          enough_data=False, mode=GUARD_SYNTHETIC, warning=True)
+    started = d.value
     if started >= PRODUCTION_MIN_REQUESTS:
         return GuardCheck(False, f"guard: the fleet served {started:.0f} requests in the last "
                                  f"{t1 - t0:.0f}s: the guard compares on its production traffic", enough_data=False,

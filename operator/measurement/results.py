@@ -49,6 +49,7 @@ class GuardCheck:
     enough_data: bool = True
     mode: str = GUARD_SYNTHETIC
     numbers: dict | None = None
+    warning: bool = False             # the mode was chosen for want of data (said as a Warning Event)
 
 
 @dataclass(frozen=True)

@@ -138,20 +138,19 @@ def test_shipped_example_with_its_defaults_reaches_the_right_decision(apis, oper
         assert all(waves[0].spec.template.metadata.labels.get(k) == v
                    for k, v in before["spec"]["selector"]["matchLabels"].items())
 
-        # The first wave's guard compares on the production traffic (the fleet serves users): the
-        # control joins the example's Service beside the fleet, and no load Job drives a serving pod.
+        # The first wave's guard chooses its mode. The example's fleet pods carry no scrape
+        # annotation, so Prometheus has no series of theirs: the guard cannot see the users they
+        # serve, falls back to driving a promoted pod and the control with its own load, and says
+        # so as a Warning naming what to do (issue 24 gives the example a scraped fleet; with one,
+        # the guard compares on its production traffic, as tests/e2e/test_lifecycle.py shows).
         st = wait_for(lambda: ((s := get_policy(custom, ns, name).get("status") or {}).get("progress") or {})
                       .get("guardMode") and s, timeout=180, interval=1.0, what="the guard's mode chosen")
-        assert st["progress"]["guardMode"] == "production", (st.get("guard"), st.get("message"))
-        selector = ",".join(f"{k}={v}" for k, v in before["spec"]["selector"]["matchLabels"].items())
-        wait_for(lambda: [p for p in core.list_namespaced_pod(ns, label_selector=selector).items
-                          if (p.metadata.labels or {}).get(b.LABEL_ROLE) == "control"], timeout=60, interval=1.0,
-                 what="the control serving behind the example's Service")
-        assert not [j for j in batch.list_namespaced_job(ns).items
-                    if (j.metadata.labels or {}).get("lookahead.dev/drives") == "promoted"]
+        assert st["progress"]["guardMode"] == "synthetic", (st.get("guard"), st.get("message"))
+        mode = wait_for(lambda: [e for e in events_of(core, ns, name) if e.reason == "GuardMode"], timeout=30,
+                        interval=1.0, what="the GuardMode event")
+        assert mode[0].type == "Warning" and "not scraped by Prometheus" in mode[0].message, mode[0].message
 
-        # Deleting the policy mid-rollout (its control serving users) puts the fleet back exactly
-        # and leaves nothing behind.
+        # Deleting the policy mid-rollout puts the fleet back exactly and leaves nothing behind.
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 
         def gone():

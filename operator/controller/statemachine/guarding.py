@@ -102,7 +102,7 @@ def _choose_mode(ctx: PassContext, since: datetime | None, what: str) -> bool:
         return True
     progress.guard_mode = check.mode
     progress.guard_leg, progress.guard_leg_started_at = None, None
-    ctx.events.append(("Normal", "GuardMode", check.message.removeprefix("guard: ")))
+    ctx.events.append(("Warning" if check.warning else "Normal", "GuardMode", check.message.removeprefix("guard: ")))
     return False
 
 

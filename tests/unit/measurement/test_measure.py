@@ -699,7 +699,11 @@ def test_the_guard_chooses_production_mode_only_for_a_fleet_that_served_requests
     _serving_pod(idle, {"namespace": "serving", "pod": "a-5d8f-x"}, 0.010, 0.0, T0.timestamp(), 320, 1)
     monkeypatch.setattr(measure, "_prom", lambda spec: idle)
     check = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
-    assert check.mode == "synthetic" and "idle" in check.message and not check.enough_data
+    assert check.mode == "synthetic" and "idle" in check.message and not check.enough_data and not check.warning
+    unscraped = Store()   # the fleet's pods are not scraped at all: synthetic, and said as a warning
+    monkeypatch.setattr(measure, "_prom", lambda spec: unscraped)
+    check = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
+    assert check.mode == "synthetic" and check.warning and "not scraped by Prometheus" in check.message
 
 
 def test_offered_load_adjustment_removes_what_the_router_did_and_keeps_what_the_treatment_did():
