@@ -137,7 +137,7 @@ def test_cluster_role_is_least_privilege(helm):
         ("lookahead.dev", "lookaheadpolicies/finalizers"): {"get", "patch", "update"},
         ("apps", "deployments"): read | {"create", "patch", "update", "delete"},
         ("apps", "replicasets"): read,
-        ("", "pods"): read,
+        ("", "pods"): read | {"patch"},       # the control's pods only, joining the fleet's Service
         ("batch", "jobs"): read | {"create", "delete"},
         ("", "services"): read | {"create", "patch", "delete"},
         ("", "configmaps"): read,

@@ -135,7 +135,7 @@ def test_minimal_policy_gets_every_default(objects, namespace):
     assert spec["load"]["prompts"] == {"builtin": "chat"} and "batchSizes" not in spec["load"]
     assert spec["analysis"]["maxThroughputRegression"] == "2%" and spec["analysis"]["confidence"] == 0.99
     assert spec["promotion"]["waves"] == ["10%", "50%", "100%"]
-    assert spec["promotion"]["guard"] == {"duration": "10m"}
+    assert spec["promotion"]["guard"] == {"duration": "10m", "maxTtftRegression": "50%", "maxErrorRateIncrease": "1%"}
 
 
 def _set(spec: dict, dotted: str, value) -> None:
