@@ -553,3 +553,30 @@ def test_a_target_deleted_under_promote_restore_or_leave_is_done_not_a_failed_pa
     act(c, K.RESTORE, "a", "b")                              # b: the user's, only let go: that 404s too
     act(c, K.LEAVE, "b")
     assert api.writes == [] and events == [], "nothing written, no event claims otherwise"
+
+
+def test_the_control_joins_the_fleets_service_by_the_selector_labels_of_its_source_once():
+    """``SERVE_CONTROL``: the control's pods get the matchLabels of the target they were cloned from
+    (so the fleet's Service sends them users); a pod that has them, or is going, is not written."""
+    class Api:
+        def __init__(self):
+            self.labelled = []
+
+        def get_deployment(self, ns, name):
+            return {"spec": {"selector": {"matchLabels": {"app": "chat", "fleet": name}}}}
+
+        def role_pods(self, ns, policy_ns, policy_name, role):
+            assert role == "control"
+            return [{"metadata": {"namespace": ns, "name": "ctl-new", "labels": {b.LABEL_ROLE: "control"}}},
+                    {"metadata": {"namespace": ns, "name": "ctl-in", "labels": {"app": "chat", "fleet": "a"}}},
+                    {"metadata": {"namespace": ns, "name": "ctl-old", "labels": {},
+                                  "deletionTimestamp": "2026-12-03T10:00:00Z"}}]
+
+        def label_pod(self, ns, name, labels):
+            self.labelled.append((ns, name, labels))
+
+    api = Api()
+    c = ctx(api)
+    c.world.targets = [tgt("b", promoted="d1"), tgt("a", promoted="d1")]
+    act(c, K.SERVE_CONTROL)
+    assert api.labelled == [("serving", "ctl-new", {"app": "chat", "fleet": "a"})], "a is the role source"
