@@ -103,62 +103,55 @@ def _le(value: str) -> float:
     return math.inf if value.strip().lower() in ("+inf", "inf") else float(value)
 
 
-def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime, end: datetime,
-                     now: float | None = None, regex: dict[str, str] | None = None) -> dict[float, float] | None:
-    """The cumulative bucket counts of histogram ``metric`` (base name) over [start, end], summed
-    over the pods ``labels`` select: ``{le: increase of metric_bucket{le}}``, ``+Inf`` included --
-    what ``stats.compare_tail_latency`` takes. Exact reset-aware increases from the raw samples,
-    as ``prometheus`` reads every counter (no PromQL ``increase()`` extrapolation); the
-    ``histogram_quantile`` of these counts is what Prometheus' own function gives for the step.
-    None when the histogram has no bucket series or is not scraped past ``end`` yet. ``regex``:
-    label matchers by regular expression besides ``labels``."""
+def increases_by_label(prom, metric: str, label: str, labels: dict[str, str], start: datetime, end: datetime,
+                       now: float | None = None, regex: dict[str, str] | None = None,
+                       count_ended: bool = False) -> dict[str, float] | None:
+    """The increase of counter ``metric`` over [start, end] per value of ``label``, summed over the
+    series ``labels`` (and ``regex``) select: exact reset-aware increases from the raw samples, as
+    ``prometheus`` reads every counter (no PromQL ``increase()`` extrapolation). Series without
+    ``label`` are left out. None when there is no such series or one is not scraped past ``end``
+    yet. ``count_ended``: a series that ended inside the window counts up to its last sample."""
     t0, t1 = start.timestamp(), end.timestamp()
     if t1 <= t0:
         return None
     now = time.time() if now is None else now
     lookback = prometheus.DEFAULT_LOOKBACK_S
     until = max(t1, min(now, t1 + lookback))
-    series = prometheus.raw_samples(prom, f"{metric}_bucket", prometheus.selector(labels, regex), t0 - lookback, until)
-    by_le: dict[float, dict[tuple, Any]] = defaultdict(dict)
+    series = prometheus.raw_samples(prom, metric, prometheus.selector(labels, regex), t0 - lookback, until)
+    groups: dict[str, dict[tuple, Any]] = defaultdict(dict)
     for key, pts in series.items():
-        le = dict(key).get("le")
-        if le is not None:
-            by_le[_le(le)][key] = pts
-    if not by_le or math.inf not in by_le:
-        return None
+        value = dict(key).get(label)
+        if value is not None:
+            groups[value][key] = pts
     out = {}
-    for le, group in sorted(by_le.items()):
-        d = prometheus._delta(group, t0, t1)
+    for value, group in groups.items():
+        d = prometheus._delta(group, t0, t1, count_ended)
         if d.unscraped:
             return None
-        out[le] = d.value
-    return out
+        out[value] = d.value
+    return out or None
+
+
+def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime, end: datetime,
+                     now: float | None = None, regex: dict[str, str] | None = None) -> dict[float, float] | None:
+    """The cumulative bucket counts of histogram ``metric`` (base name) over [start, end], summed
+    over the pods ``labels`` select: ``{le: increase of metric_bucket{le}}``, ``+Inf`` included --
+    what ``stats.compare_tail_latency`` takes (``increases_by_label`` by ``le``); the
+    ``histogram_quantile`` of these counts is what Prometheus' own function gives for the step.
+    None when the histogram has no bucket series or is not scraped past ``end`` yet. ``regex``:
+    label matchers by regular expression besides ``labels``."""
+    by_le = increases_by_label(prom, f"{metric}_bucket", "le", labels, start, end, now, regex)
+    if not by_le:
+        return None
+    out = dict(sorted((_le(le), v) for le, v in by_le.items()))
+    return out if math.inf in out else None
 
 
 def finished_by_reason(prom, metric: str, labels: dict[str, str], regex: dict[str, str] | None, start: datetime,
                        end: datetime, now: float | None = None) -> dict[str, float] | None:
-    """The increase of counter ``metric`` over [start, end] per ``finished_reason`` (summed over
-    the pods selected), exact and reset-aware like every counter here; None when it has no series
-    or is not scraped past ``end`` yet."""
-    t0, t1 = start.timestamp(), end.timestamp()
-    if t1 <= t0:
-        return None
-    now = time.time() if now is None else now
-    lookback = prometheus.DEFAULT_LOOKBACK_S
-    series = prometheus.raw_samples(prom, metric, prometheus.selector(labels, regex), t0 - lookback,
-                                    max(t1, min(now, t1 + lookback)))
-    by_reason: dict[str, dict[tuple, Any]] = defaultdict(dict)
-    for key, pts in series.items():
-        by_reason[dict(key).get("finished_reason", "")][key] = pts
-    if not by_reason:
-        return None
-    out = {}
-    for reason, group in by_reason.items():
-        d = prometheus._delta(group, t0, t1, count_ended=True)
-        if d.unscraped:
-            return None
-        out[reason] = d.value
-    return out
+    """Finished requests over [start, end] per ``finished_reason`` (``increases_by_label``; a pod
+    replaced inside the window counts up to its last sample)."""
+    return increases_by_label(prom, metric, "finished_reason", labels, start, end, now, regex, count_ended=True)
 
 
 #: Engines whose per-token-latency histogram is observed once per generated token (so the
@@ -177,9 +170,13 @@ def tail_design_effect(engine: str, batch_size: int, mean_acceptance_length: flo
     return float(max(1, batch_size)) * max(1.0, mean_acceptance_length or 1.0)
 
 
-def scraped_until(prom, names: MetricNames, label_sets: list[dict[str, str]], end: datetime) -> datetime:
-    """``end``, or earlier: a window can only close where Prometheus has scraped every arm."""
-    times = [prometheus.last_scrape_time(prom, names.generation_tokens, labels) for labels in label_sets]
+def scraped_until(prom, names: MetricNames, label_sets: list[dict[str, str]], end: datetime,
+                  regexes: list[dict[str, str] | None] | None = None) -> datetime:
+    """``end``, or earlier: a window can only close where Prometheus has scraped every arm
+    (``regexes``: each arm's regular-expression matchers, beside its ``label_sets`` entry)."""
+    regexes = regexes or [None] * len(label_sets)
+    times = [prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
+             for labels, regex in zip(label_sets, regexes)]
     known = [t for t in times if t is not None]
     if len(known) < len(times) or not known:
         return end
@@ -486,11 +483,7 @@ def production_guard(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, n
     interval = spec.analysis.sample_interval.total_seconds()
     t0 = (start + timedelta(seconds=interval)).timestamp()
     sel = {"promoted": _pods_selector(promoted), "baseline": _pods_selector(baseline)}
-    end = now
-    for labels, regex in sel.values():
-        t = prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
-        if t is not None:
-            end = min(end, datetime.fromtimestamp(t, tz=timezone.utc))
+    end = scraped_until(prom, names, [lab for lab, _ in sel.values()], now, [rx for _, rx in sel.values()])
     n = int((end.timestamp() - t0) // interval)
     if n < 1:
         return GuardCheck(False, "guard: not enough data yet (no whole window of production traffic)",
