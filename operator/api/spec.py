@@ -33,6 +33,7 @@ from lookahead_operator.api.schema import (
     MAX_NAMESPACES,
     MAX_URL,
     MAX_WAVES,
+    PERCENT_PATTERN,
     RESOURCE_NAME_PATTERN,
     ApiModel,
     Duration,
@@ -504,6 +505,11 @@ class GuardSpec(ApiModel):
     duration: Duration = Field(default="10m", description="How long the guard watches after the last wave.")
     max_throughput_regression: Optional[Percent] = Field(
         default=None, description="Throughput drop that triggers rollback; default: analysis.maxThroughputRegression.")
+    min_detectable_regression: Percent = Field(
+        default="20%", description="The throughput loss at the fleet's load a passing guard has ruled out: a wave "
+                                   "(and the final guard) passes only once the guard's confidence interval excludes "
+                                   "a loss this large; until then it keeps watching, up to analysis.deadline, then "
+                                   "rolls back (GuardNoData). Must be above the tolerated maxThroughputRegression.")
     max_ttft_regression: RisePercent = Field(
         default="50%", description="Largest rise of the promoted pods' p95 time to first token over the baseline's "
                                    "(production traffic) before a rollback, with confidence; 50% = at most 1.5x.")
@@ -572,6 +578,21 @@ _SWEEP_FITS_CEL = (f"!has(self.load) || !has(self.analysis) || !has(self.load.ba
                    f" || !{_dur_ok('self.load.stepDuration')} || !{_dur_ok('self.analysis.deadline')}"
                    " || duration(self.analysis.deadline).getSeconds()"
                    " >= size(self.load.batchSizes) * duration(self.load.stepDuration).getSeconds()")
+def _pct_cel(path: str) -> str:
+    return f"double(string({path}).replace('%', ''))"
+
+
+_GUARD_G = "self.promotion.guard"
+_GUARD_POWER_CEL = (f"!has(self.promotion) || !has({_GUARD_G}) || !has({_GUARD_G}.minDetectableRegression)"
+                    f" || !string({_GUARD_G}.minDetectableRegression).matches(r'{PERCENT_PATTERN}')"
+                    f" || (has({_GUARD_G}.maxThroughputRegression)"
+                    f" ? (!string({_GUARD_G}.maxThroughputRegression).matches(r'{PERCENT_PATTERN}')"
+                    f" || {_pct_cel(_GUARD_G + '.minDetectableRegression')}"
+                    f" > {_pct_cel(_GUARD_G + '.maxThroughputRegression')})"
+                    f" : (!has(self.analysis) || !has(self.analysis.maxThroughputRegression)"
+                    f" || !string(self.analysis.maxThroughputRegression).matches(r'{PERCENT_PATTERN}')"
+                    f" || {_pct_cel(_GUARD_G + '.minDetectableRegression')}"
+                    f" > {_pct_cel('self.analysis.maxThroughputRegression')}))")
 _ENGINE_METHOD_CEL = ("!has(self.lookahead) || !has(self.lookahead.method) || self.lookahead.method == 'ngram'"
                       " || !has(self.engine) || self.engine in ['auto', 'reference']")
 
@@ -590,6 +611,10 @@ class LookaheadPolicySpec(ApiModel):
         _cel(_SWEEP_FITS_CEL,
              "analysis.deadline must leave room for every batch size: at least size(load.batchSizes) * "
              "load.stepDuration", ".analysis.deadline"),
+        _cel(_GUARD_POWER_CEL,
+             "promotion.guard.minDetectableRegression must be above the throughput regression the guard tolerates "
+             "(promotion.guard.maxThroughputRegression, or else analysis.maxThroughputRegression)",
+             ".promotion.guard.minDetectableRegression"),
     ]})
 
     targets: Targets = Field(description="The fleet of inference Deployments.")
@@ -620,7 +645,20 @@ class LookaheadPolicySpec(ApiModel):
             raise ValueError(f"analysis.deadline ({_duration_out(analysis.deadline)}) must leave room for every "
                              f"batch size: at least {len(load.batch_sizes)} x load.stepDuration "
                              f"({_duration_out(load.step_duration * len(load.batch_sizes))})")
+        guard = self.promotion.guard
+        tolerated = self.guard_tolerance()
+        if guard.min_detectable_regression <= tolerated:
+            raise ValueError(f"promotion.guard.minDetectableRegression ({guard.min_detectable_regression:.1%}) must be "
+                             f"above the throughput regression the guard tolerates ({tolerated:.1%}, "
+                             f"{'promotion.guard' if guard.max_throughput_regression is not None else 'analysis'}"
+                             ".maxThroughputRegression)")
         return self
+
+    def guard_tolerance(self) -> float:
+        """The throughput loss the guard tolerates: ``promotion.guard.maxThroughputRegression``, or
+        else ``analysis.maxThroughputRegression``."""
+        g = self.promotion.guard.max_throughput_regression
+        return g if g is not None else self.analysis.max_throughput_regression
 
     def samples_per_step(self) -> int:
         """The most samples one step yields per role and metric: whole sample windows after the warm-up."""

@@ -440,15 +440,14 @@ def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: da
     t0 = t1 - max(PRODUCTION_LOOKBACK_S, 4 * spec.analysis.sample_interval.total_seconds())
     labels, regex = prometheus.pod_match("namespace", "pod", sorted({ns for ns, _ in pods.targets}),
                                          [name for _, name in pods.targets], deployments=True)
-    r = prometheus._Reader(_prom(spec), labels, t0, t1, regex=regex, count_ended=True)
-    d = r.delta(f"{names.ttft}_count")
-    if d is None:
+    started = prometheus.counter_increase(_prom(spec), f"{names.ttft}_count", labels, t0, t1, regex=regex,
+                                          count_ended=True)
+    if started is None:
         return GuardCheck(False, f"guard: the fleet's pods are not scraped by Prometheus (no {names.ttft}_count"
-                                 f"{r.sel}), so the guard cannot see whether they serve users: it drives a promoted "
+                                 f"{prometheus.selector(labels, regex)}), so the guard cannot see whether they serve users: it drives a promoted "
                                  "pod and the control with its own load. If the fleet serves users, have Prometheus "
                                  "scrape its pods (docs/analyze.md) and the guard compares on their traffic instead",
                           enough_data=False, mode=GUARD_SYNTHETIC, warning=True)
-    started = d.value
     if started >= PRODUCTION_MIN_REQUESTS:
         return GuardCheck(False, f"guard: the fleet served {started:.0f} requests in the last "
                                  f"{t1 - t0:.0f}s: the guard compares on its production traffic", enough_data=False,
@@ -546,6 +545,16 @@ def synthetic_guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: 
                             f"promoted pod {pod_ns}/{pod}", "the control")
 
 
+def rules_out(interval: tuple[float, float], mode: str, loss: float) -> bool:
+    """Whether a guard's interval (the relative change, promoted over baseline) excludes a
+    throughput loss of ``loss``: in production mode the per-token latency interval lies below the
+    rise that costs it (``latency_tolerance``), in synthetic mode the throughput interval above
+    ``-loss``."""
+    if mode == GUARD_PRODUCTION:
+        return interval[1] < latency_tolerance(loss)
+    return interval[0] > -loss
+
+
 def latency_tolerance(max_throughput_regression: float) -> float:
     """The per-token latency increase that costs ``max_throughput_regression`` of throughput at the
     same batch: tokens per second per running request is 1 / per-token latency, so a throughput
@@ -614,8 +623,8 @@ def guard_comparison(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, p
     ``promotion.guard.maxTtftRegression`` and the share of failed requests against
     ``promotion.guard.maxErrorRateIncrease`` (``users_felt``)."""
     th = thresholds(spec)
-    tol = spec.promotion.guard.max_throughput_regression
-    tol = tol if tol is not None else th.max_throughput_regression
+    tol = spec.guard_tolerance()
+    power = spec.promotion.guard.min_detectable_regression
     legs = guard_batch_sizes(status)
     if mode == GUARD_PRODUCTION:
         th = th.for_family(1, 4)     # the mean, the per-token tail, the TTFT tail, the error rate
@@ -642,12 +651,15 @@ def guard_comparison(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, p
         return GuardCheck(False, f"guard: not enough data yet ({r.note or 'no samples'})", enough_data=False,
                           mode=mode, numbers=numbers)
     numbers["change"] = round(r.estimate, 6)
-    if mode == GUARD_PRODUCTION and r.verdict.value != "Worse" and r.interval[1] >= th.max_tail_latency_regression:
-        # a pass needs evidence: the interval must at least exclude a rise as large as the tail's
-        # tolerance (twice the baseline's per-token latency by default) before a soak can pass
-        return GuardCheck(False, f"guard: not enough data yet ({r.n_canary} paired windows; per-token latency "
+    if r.verdict.value != "Worse" and not rules_out(r.interval, mode, power):
+        # a pass needs evidence: the interval must exclude a loss of minDetectableRegression (the
+        # guard's power), or a config that costs that much could pass a short, noisy soak
+        rise = (f"a +{latency_tolerance(power) * 100:.0f}% per-token latency rise" if mode == GUARD_PRODUCTION
+                else f"a -{power * 100:.0f}% throughput change")
+        return GuardCheck(False, f"guard: not enough data yet ({r.n_canary} paired windows; {what} "
                                  f"{r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, {r.interval[1] * 100:+.1f}%] "
-                                 f"still allows +{th.max_tail_latency_regression * 100:.0f}%)",
+                                 f"still allows {rise}, a {power * 100:.0f}% throughput loss: "
+                                 "promotion.guard.minDetectableRegression)",
                           enough_data=False, mode=mode, numbers=numbers)
     load = (f" at {numbers['promotedOffered']:.2f} vs {numbers['baselineOffered']:.2f} requests/s per pod"
             if mode == GUARD_PRODUCTION else "")

@@ -135,7 +135,8 @@ def test_minimal_policy_gets_every_default(objects, namespace):
     assert spec["load"]["prompts"] == {"builtin": "chat"} and "batchSizes" not in spec["load"]
     assert spec["analysis"]["maxThroughputRegression"] == "2%" and spec["analysis"]["confidence"] == 0.99
     assert spec["promotion"]["waves"] == ["10%", "50%", "100%"]
-    assert spec["promotion"]["guard"] == {"duration": "10m", "maxTtftRegression": "50%", "maxErrorRateIncrease": "1%"}
+    assert spec["promotion"]["guard"] == {"duration": "10m", "minDetectableRegression": "20%", "maxTtftRegression": "50%",
+                                          "maxErrorRateIncrease": "1%"}
 
 
 def _set(spec: dict, dotted: str, value) -> None:
@@ -157,6 +158,8 @@ VALID = {
     "live-mode": {"load.mode": "live", "load.livePercent": "5%"},
     "integer-percents-and-waves": {"analysis.maxThroughputRegression": 3, "promotion.waves": [25, "50%", 100]},
     "fractional-percent-string": {"analysis.minLatencyImprovement": "7.5%"},
+    "guard-power-above-guard-tolerance": {"promotion.guard.maxThroughputRegression": 3,
+                                          "promotion.guard.minDetectableRegression": "7.5%"},
     "configmap-prompts": {"load.prompts": {"configMapRef": {"name": "team-prompts", "key": "prompts.jsonl"}}},
     "match-expressions-only": {"targets.selector": {"matchExpressions": [
         {"key": "app", "operator": "In", "values": ["llm-chat", "llm-code"]},
@@ -186,6 +189,10 @@ INVALID = {
     "in-without-values": ({"targets.selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
                           "spec.targets.selector.matchExpressions[0].values"),
     "unknown-engine": ({"engine": "tensorrt"}, "spec.engine"),
+    "guard-power-within-tolerance": ({"promotion.guard.minDetectableRegression": "2%"},
+                                     "spec.promotion.guard.minDetectableRegression"),
+    "guard-power-within-guard-tolerance": ({"promotion.guard.maxThroughputRegression": "30%"},
+                                           "spec.promotion.guard.minDetectableRegression"),
     "unknown-method": ({"lookahead.method": "medusa"}, "spec.lookahead.method"),
     "negative-window": ({"lookahead.window": -1}, "spec.lookahead.window"),
     "ngram-below-2": ({"lookahead.ngram": 1}, "spec.lookahead.ngram"),

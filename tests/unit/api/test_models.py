@@ -243,6 +243,10 @@ INVALID = {
     "waves not ending at 100": (spec_with(**{"promotion.waves": ["10%", "50%"]}), "100%"),
     "wave over 100": (spec_with(**{"promotion.waves": ["10%", "150%"]}), "waves"),
     "unknown promotion mode": (spec_with(**{"promotion.mode": "yolo"}), "mode"),
+    "guard power within the tolerance": (spec_with(**{"promotion.guard.minDetectableRegression": "2%"}),
+                                         "promotion.guard.minDetectableRegression"),
+    "guard power within the guard's tolerance": (
+        spec_with(**{"promotion.guard.maxThroughputRegression": "25%"}), "promotion.guard.maxThroughputRegression"),
     "unknown field": (spec_with(**{"lookahead.windw": 3}), "windw"),
 }
 

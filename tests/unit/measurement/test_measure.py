@@ -780,3 +780,60 @@ def test_error_rate_bounds_are_time_uniform_and_honest():
         false += any(compare_error_rate(a[:n].sum(), n, b[:n].sum(), n, 0.0, 0.99).worse for n in range(100, 2001, 100))
     assert false <= 4, false
     assert compare_error_rate(2, 1000, 100, 1000, 0.01, 0.99).worse
+
+
+def _noisy_windows(rng, n: int, effect: float, sd: float) -> list:
+    """``n`` windows of one promoted pod against one baseline pod at the same offered load: the
+    promoted per-token latency ``effect`` times the baseline's, each window's mean off by lognormal
+    noise of ``sd`` on each side (a window's mean over a few requests of different prompts)."""
+    from lookahead_operator.measurement.prometheus import PairedSample, RoleSample
+
+    return [PairedSample(RoleSample(per_token_latency_s=0.04 * rng.lognormal(0, sd), started=3.0),
+                         RoleSample(per_token_latency_s=0.04 * effect * rng.lognormal(0, sd), started=3.0))
+            for _ in range(n)]
+
+
+def _passes(pairs) -> bool:
+    check = measure.guard_comparison(_spec(), _production_status(), pairs, "production", 1, 1, 5.0, "p", "b")
+    return check.enough_data and not check.regressed
+
+
+def test_a_guard_passes_only_once_it_has_ruled_out_the_minimum_detectable_regression():
+    """A config that costs 20% of throughput (+25% per token) on a noisy one-pod-per-side fleet is
+    never passed by the production guard at any look (10 to 120 windows), however short the soak:
+    it is caught or it waits. With the old evidence rule (the interval merely excluding +100%) 58
+    of these 60 fleets passed (measured 2026-12-03). A healthy config on the same noise passes once its interval has
+    ruled out +25%."""
+    rng = np.random.default_rng(22)
+    passed = 0
+    for _ in range(60):
+        pairs = _noisy_windows(rng, 120, 1.25, 0.3)
+        passed += any(_passes(pairs[:n]) for n in range(10, 121, 10))
+    assert passed <= 1, f"{passed} of 60 fleets passed a 20% throughput loss"
+    healthy = _noisy_windows(np.random.default_rng(23), 120, 1.0, 0.3)
+    looks = [n for n in range(10, 121, 10) if _passes(healthy[:n])]
+    assert looks and looks[0] <= 80, looks
+    check = measure.guard_comparison(_spec(), _production_status(), healthy[:10], "production", 1, 1, 5.0, "p", "b")
+    assert not check.enough_data and "promotion.guard.minDetectableRegression" in check.message, check.message
+    assert "still allows a +25% per-token latency rise, a 20% throughput loss" in check.message, check.message
+
+
+def test_the_synthetic_guard_needs_the_same_evidence_on_throughput():
+    """An idle fleet's guard (throughput under its own load, a closed loop) also passes only once
+    its interval excludes a loss of minDetectableRegression; a tighter setting needs more windows."""
+    from lookahead_operator.measurement.prometheus import PairedSample, RoleSample
+
+    rng = np.random.default_rng(7)
+    pairs = [PairedSample(RoleSample(tokens_per_s=100 * rng.lognormal(0, 0.15)),
+                          RoleSample(tokens_per_s=100 * rng.lognormal(0, 0.15))) for _ in range(60)]
+
+    def first_pass(spec) -> int | None:
+        status = _production_status("synthetic")
+        return next((n for n in range(3, 61) if (c := measure.guard_comparison(
+            spec, status, pairs[:n], "synthetic", 1, 1, 5.0, "p", "b")).enough_data and not c.regressed), None)
+
+    loose = first_pass(_spec())
+    tight = first_pass(LookaheadPolicySpec.model_validate(
+        {"targets": {"selector": {"matchLabels": {"app": "x"}}},
+         "promotion": {"guard": {"minDetectableRegression": "8%"}}}))
+    assert loose is not None and (tight is None or tight > loose), (loose, tight)
