@@ -159,12 +159,10 @@ def _serve_control(c: Ctx, a: Action) -> None:
     d = c.k.get_deployment(*source.key) if source is not None else None
     if d is None:
         return
-    want = dict(((d.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
     for pod in c.k.role_pods(_roles_namespace(w), w.namespace, w.name, "control"):
-        meta = pod["metadata"]
-        have = meta.get("labels") or {}
-        if want and not meta.get("deletionTimestamp") and any(have.get(k) != v for k, v in want.items()):
-            c.k.label_pod(meta["namespace"], meta["name"], want)
+        labels = b.serving_labels(d, pod)
+        if labels is not None:
+            c.k.label_pod(pod["metadata"]["namespace"], pod["metadata"]["name"], labels)
 
 
 def _delete_load(c: Ctx, a: Action) -> None:

@@ -127,6 +127,19 @@ def owned_metadata(policy: dict, name: str, namespace: str, labels: dict, annota
     return meta
 
 
+def serving_labels(target: dict, pod: dict) -> dict[str, str] | None:
+    """The labels a role pod needs to join the fleet's Service beside ``target``'s pods: the
+    target selector's ``matchLabels`` (which ``build_role_deployment`` leaves off role pods), to be
+    merged onto the pod; None when it has them all already, is being deleted, or the selector has
+    no ``matchLabels`` (a ``matchExpressions``-only selector is not written onto a pod)."""
+    want = dict(((target.get("spec") or {}).get("selector") or {}).get("matchLabels") or {})
+    meta = pod.get("metadata") or {}
+    have = meta.get("labels") or {}
+    if not want or meta.get("deletionTimestamp") or all(have.get(k) == v for k, v in want.items()):
+        return None
+    return want
+
+
 def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
                           transform: ContainerTransform, is_engine: Callable[[dict], bool],
                           metrics_port: int | None = None, metrics_path: str = "/metrics") -> dict:

@@ -79,8 +79,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     if status.phase in (Phase.Promoting, Phase.Guarding):
         # read once per pass: the guard's load Jobs are aimed at these pods (actions), and a Job
         # whose pod is no longer among them drives nothing
-        world.guard_pods = driven["promoted"] = guard_fleet_pods(k, world)
-        world.guard_sides = guard_sides(k, world, status, driven["control"])
+        listed = in_play_pods(k, world)
+        world.guard_pods = driven["promoted"] = guard_fleet_pods(listed, world)
+        world.guard_sides = guard_sides(listed, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
@@ -118,29 +119,38 @@ def with_promoted_config(decision: Decision, spec: LookaheadPolicySpec, engine: 
     return decision.model_copy(update={"config": config})
 
 
-def guard_fleet_pods(k, world: Observed) -> list[dict]:
+def in_play_pods(k, world: Observed) -> dict[tuple[str, str], list[dict]]:
+    """Each in-play target's pods (``sm.in_play``), one list call per target per pass (a fleet's
+    pods are in no watched cache); the guard's two readers below share it."""
+    out = {}
+    for t in sm.in_play(world):
+        d = k.get_deployment(*t.key)
+        if d is not None:
+            out[t.key] = k.pods(t.namespace, d["spec"]["selector"])
+    return out
+
+
+def guard_fleet_pods(listed: dict[tuple[str, str], list[dict]], world: Observed) -> list[dict]:
     """The pods of the target promoted last (``fleet.newest_promoted``, never one left to its
-    user), which the guard drives: a fleet's pods are in no watched cache, so this is one list call."""
+    user), which the synthetic guard drives, from this pass's ``in_play_pods``."""
     newest = fleet.newest_promoted(sm.in_play(world))
-    d = k.get_deployment(*newest.key) if newest else None
-    return k.pods(newest.namespace, d["spec"]["selector"]) if d else []
+    return list(listed.get(newest.key, [])) if newest else []
 
 
-def guard_sides(k, world: Observed, status: LookaheadPolicyStatus, control: list[dict]) -> GuardPods:
-    """The pods the guard compares (``results.GuardPods``), ready and not terminating: the promoted
-    side is the target promoted last's pods that carry this decision's id (its wave Deployment's,
-    or all of its own once promoted whole); the baseline is every in-play target's pods without it;
-    the control's pods are listed apart (they serve beside the fleet in production mode). A pod
-    of ours that joined the Service (a role label) is never counted as fleet."""
+def guard_sides(listed: dict[tuple[str, str], list[dict]], world: Observed, status: LookaheadPolicyStatus,
+                control: list[dict]) -> GuardPods:
+    """The pods the guard compares (``results.GuardPods``), ready and not terminating, from this
+    pass's ``in_play_pods``: the promoted side is the target promoted last's pods that carry this
+    decision's id (its wave Deployment's, or all of its own once promoted whole); the baseline is
+    every in-play target's pods without it; the control's pods are listed apart (they serve beside
+    the fleet in production mode). A pod of ours that joined the Service (a role label) is never
+    counted as fleet."""
     decision = status.decision.id if status.decision else None
     play = sm.in_play(world)
     newest = fleet.newest_promoted(play)
     promoted, baseline = [], []
     for t in play:
-        d = k.get_deployment(*t.key)
-        if d is None:
-            continue
-        for pod in k.pods(t.namespace, d["spec"]["selector"]):
+        for pod in listed.get(t.key, []):
             meta = pod["metadata"]
             if (meta.get("labels") or {}).get(LABEL_ROLE) or meta.get("deletionTimestamp") or not fleet.pod_ready(pod):
                 continue

@@ -592,6 +592,15 @@ class _Reader:
         return out
 
 
+def counter_increase(prom: Any, metric: str, labels: Mapping[str, str], start: float, end: float,
+                     regex: Mapping[str, str] | None = None, count_ended: bool = False) -> float | None:
+    """The increase of counter ``metric`` over [start, end] (Unix seconds), summed over the series
+    ``labels`` and ``regex`` select: reset-aware, from the raw samples, up to the newest sample when
+    ``end`` is not scraped yet. None when no series matches (nothing scraped there at all)."""
+    d = _Reader(prom, labels, start, end, regex=regex, count_ended=count_ended).delta(metric)
+    return None if d is None else d.value
+
+
 def _not_scraped_reason(metric: str, sel: str, end: float) -> str:
     return f"{metric}{sel} not scraped since the window end ({end:.3f}) yet"
 

@@ -125,10 +125,9 @@ def _production_guard(ctx: PassContext, status_wave: int | None, what: str) -> b
         _roll_back(ctx, "GuardRegression", f"{what}: {check.message}")
         return True
     if check is not None:
-        numbers = {k: v for k, v in (check.numbers or {}).items()}
         ctx.status.guard = GuardStatus.model_validate(
             {"wave": status_wave, "mode": GUARD_PRODUCTION, "message": check.message,
-             "enoughData": check.enough_data, **numbers})
+             "enoughData": check.enough_data, **(check.numbers or {})})
     return _must_keep_guarding(ctx, check, progress.guard_leg_started_at, ctx.spec.promotion.wave_duration
                                if status_wave is not None else ctx.spec.promotion.guard.duration, what)
 

@@ -250,3 +250,17 @@ def test_promote_records_the_digest_of_the_template_it_writes_and_restore_remove
     body["spec"]["template"]["spec"]["containers"][1]["env"].append({"name": "B", "value": "2"})
     assert b.user_edited(body), "an unrelated env var added to the promoted template is the user's edit"
     assert b.ANNOTATION_PROMOTED_TEMPLATE not in b.restore_body(body)["metadata"]["annotations"]
+
+
+def test_a_control_pod_gets_exactly_the_targets_selector_labels_to_join_its_service():
+    """``serving_labels``: the target selector's matchLabels, merged onto a role pod that lacks any
+    of them; nothing for a pod that has them all, one being deleted, or a selector without
+    matchLabels (an expression is not a label to write)."""
+    target = {"spec": {"selector": {"matchLabels": {"app": "chat", "fleet": "chat-a"}}}}
+    pod = {"metadata": {"name": "ctl-0", "labels": {"lookahead.dev/role": "control", "app": "chat"}}}
+    assert b.serving_labels(target, pod) == {"app": "chat", "fleet": "chat-a"}
+    joined = {"metadata": {"labels": {**pod["metadata"]["labels"], "fleet": "chat-a"}}}
+    assert b.serving_labels(target, joined) is None
+    assert b.serving_labels(target, {"metadata": {**pod["metadata"], "deletionTimestamp": "t"}}) is None
+    exprs = {"spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}}
+    assert b.serving_labels(exprs, pod) is None

@@ -430,9 +430,10 @@ def test_finished_load_is_a_current_job_whose_pod_exited_as_the_cache_keeps_it()
 
 
 def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
-    """``observe.guard_fleet_pods``: in Promoting and Guarding one list call reads the pods of the
-    target promoted last (not one left to its user); the guard's Jobs are built from that list and
-    a guard Job whose pod is not in it drives nothing (``gone_load_targets``)."""
+    """``observe.in_play_pods``: in Promoting and Guarding one list call per in-play target (not one
+    left to its user) per pass; ``guard_fleet_pods`` picks the target promoted last from it, the
+    guard's Jobs are built from that list and a guard Job whose pod is not in it drives nothing
+    (``gone_load_targets``)."""
     from lookahead_operator.api.status import Phase
 
     class Reads:
@@ -455,14 +456,18 @@ def test_the_guards_fleet_pods_are_read_once_from_the_newest_promoted_target():
                  generation=1, fingerprint="f", spec=None, status=LookaheadPolicyStatus(phase=Phase.Guarding),
                  targets=targets)
     k = Reads()
-    pods = observe.guard_fleet_pods(k, w)
-    assert k.calls == [("get", "serving", "a"), ("pods", "serving", "a")], "b is its user's: a was promoted last for us"
+    listed = observe.in_play_pods(k, w)
+    assert k.calls == [("get", "serving", "a"), ("pods", "serving", "a"), ("get", "serving", "c"),
+                       ("pods", "serving", "c")], "b is its user's; each target in play is listed once"
+    pods = observe.guard_fleet_pods(listed, w)
+    assert pods == [{"metadata": {"name": "a-new"}}], "a was promoted last for us"
     guard_job = job(drives="promoted")
     guard_job["metadata"]["labels"][api.LABEL_POD] = "a-old"
     assert observe.gone_load_targets([cache.slim_job(guard_job)], 3, {"promoted": pods}) == {"promoted"}
     guard_job["metadata"]["labels"][api.LABEL_POD] = "a-new"
     assert observe.gone_load_targets([cache.slim_job(guard_job)], 3, {"promoted": pods}) == set()
-    assert observe.guard_fleet_pods(Reads(), Observed(**{**w.__dict__, "targets": targets[2:]})) == []
+    rest = Observed(**{**w.__dict__, "targets": targets[2:]})
+    assert observe.guard_fleet_pods(observe.in_play_pods(Reads(), rest), rest) == []
 
 
 def test_each_replica_gets_its_own_nonzero_peering_priority():
@@ -544,7 +549,7 @@ def test_the_guard_compares_the_newest_promoted_targets_pods_with_every_pod_not_
     w = Observed(now=datetime(2026, 12, 1, tzinfo=timezone.utc), name="chat-fleet", namespace="inference",
                  generation=1, fingerprint="f", spec=None, status=status, targets=targets)
     control = [pod("ctl-0"), pod("ctl-1", ready=False)]
-    sides = observe.guard_sides(Reads(), w, status, control)
+    sides = observe.guard_sides(observe.in_play_pods(Reads(), w), w, status, control)
     assert sides.promoted == (("serving", "b-1"),), "b was promoted last; a's promoted pod was guarded before"
     assert sides.baseline == (("serving", "a-2"),), "c is its user's; b-2 is going; a-3 is not ready"
     assert sides.control == (("serving", "ctl-0"),)
