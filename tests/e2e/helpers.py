@@ -27,6 +27,14 @@ GOOD_GPU = {"gpu": "a100-80gb", "model": "llama-3-8b", "acceptance": 0.6, "noise
 BAD_GPU = {"gpu": "a100-80gb", "model": "llama-3-8b", "acceptance": 0.02, "noise_sigma": 0.03,
            "spec_overhead_s": 0.03, "time_scale": 3}
 
+# A config that costs 20% of throughput at every batch size up to 16, so at whatever load the fleet runs:
+# drafts are almost never accepted and a speculating step carries 4 ms (x time_scale) of fixed
+# cost, while the extra draft tokens are free (compute far from binding: a flops override, the
+# memory side is the A100's). With lookahead off it is GOOD_GPU's A100 exactly, so its control
+# and the rest of the fleet are the same machine (tests/unit/canary/test_simulator.py pins both).
+MILD_GPU = {"gpu": "a100-80gb", "model": "llama-3-8b", "acceptance": 0.02, "noise_sigma": 0.03,
+            "spec_overhead_s": 0.004, "flops": 3.12e15, "time_scale": 3}
+
 
 def engine_deployment(ns: str, name: str, sim: dict, app: str, serving: bool = False) -> dict:
     """``serving``: a fleet that serves users behind a Service, set up as docs/operator.md says

@@ -156,3 +156,29 @@ def test_drift_settings_are_checked():
         SimConfig(drift_sigma=-0.1)
     with pytest.raises(ValueError, match="drift"):
         SimConfig(drift_period_s=0)
+
+
+def _e2e_presets():
+    """The e2e fleets' simulator configurations (tests/e2e/helpers.py), loaded by path."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "e2e" / "helpers.py"
+    spec = importlib.util.spec_from_file_location("e2e_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_e2e_mild_preset_costs_20_percent_throughput_at_every_batch_size_and_nothing_when_off():
+    """MILD_GPU, the guard test's chat-b: lookahead on costs 20% (+-1%) of throughput at every
+    batch size up to 16 (the fleet runs a few at a time); lookahead off it is GOOD_GPU's machine,
+    so the control cloned from chat-a is a fair baseline for it."""
+    h = _e2e_presets()
+    mild = RooflineSimulator(SimConfig.from_dict(h.MILD_GPU))
+    good = RooflineSimulator(SimConfig.from_dict(h.GOOD_GPU))
+    for batch in (1, 2, 3, 4, 8, 16):
+        loss = 1 - mild.expected_throughput(batch, True) / mild.expected_throughput(batch, False)
+        assert 0.19 <= loss <= 0.21, (batch, loss)
+        assert mild.expected_per_token_seconds(batch, False) == pytest.approx(
+            good.expected_per_token_seconds(batch, False), rel=1e-9)
