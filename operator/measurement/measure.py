@@ -654,12 +654,11 @@ def guard_comparison(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, p
     if r.verdict.value != "Worse" and not rules_out(r.interval, mode, power):
         # a pass needs evidence: the interval must exclude a loss of minDetectableRegression (the
         # guard's power), or a config that costs that much could pass a short, noisy soak
-        rise = (f"a +{latency_tolerance(power) * 100:.0f}% per-token latency rise" if mode == GUARD_PRODUCTION
-                else f"a -{power * 100:.0f}% throughput change")
+        per_token = f"+{latency_tolerance(power) * 100:.0f}% per token; " if mode == GUARD_PRODUCTION else ""
         return GuardCheck(False, f"guard: not enough data yet ({r.n_canary} paired windows; {what} "
                                  f"{r.estimate * 100:+.1f}% [{r.interval[0] * 100:+.1f}%, {r.interval[1] * 100:+.1f}%] "
-                                 f"still allows {rise}, a {power * 100:.0f}% throughput loss: "
-                                 "promotion.guard.minDetectableRegression)",
+                                 f"still allows a {power * 100:.0f}% throughput loss ({per_token}"
+                                 "promotion.guard.minDetectableRegression))",
                           enough_data=False, mode=mode, numbers=numbers)
     load = (f" at {numbers['promotedOffered']:.2f} vs {numbers['baselineOffered']:.2f} requests/s per pod"
             if mode == GUARD_PRODUCTION else "")
