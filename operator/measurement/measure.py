@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 import time
-from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol, Sequence
 
@@ -103,44 +102,15 @@ def _le(value: str) -> float:
     return math.inf if value.strip().lower() in ("+inf", "inf") else float(value)
 
 
-def increases_by_label(prom, metric: str, label: str, labels: dict[str, str], start: datetime, end: datetime,
-                       now: float | None = None, regex: dict[str, str] | None = None,
-                       count_ended: bool = False) -> dict[str, float] | None:
-    """The increase of counter ``metric`` over [start, end] per value of ``label``, summed over the
-    series ``labels`` (and ``regex``) select: exact reset-aware increases from the raw samples, as
-    ``prometheus`` reads every counter (no PromQL ``increase()`` extrapolation). Series without
-    ``label`` are left out. None when there is no such series or one is not scraped past ``end``
-    yet. ``count_ended``: a series that ended inside the window counts up to its last sample."""
-    t0, t1 = start.timestamp(), end.timestamp()
-    if t1 <= t0:
-        return None
-    now = time.time() if now is None else now
-    lookback = prometheus.DEFAULT_LOOKBACK_S
-    until = max(t1, min(now, t1 + lookback))
-    series = prometheus.raw_samples(prom, metric, prometheus.selector(labels, regex), t0 - lookback, until)
-    groups: dict[str, dict[tuple, Any]] = defaultdict(dict)
-    for key, pts in series.items():
-        value = dict(key).get(label)
-        if value is not None:
-            groups[value][key] = pts
-    out = {}
-    for value, group in groups.items():
-        d = prometheus._delta(group, t0, t1, count_ended)
-        if d.unscraped:
-            return None
-        out[value] = d.value
-    return out or None
-
-
 def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime, end: datetime,
                      now: float | None = None, regex: dict[str, str] | None = None) -> dict[float, float] | None:
     """The cumulative bucket counts of histogram ``metric`` (base name) over [start, end], summed
     over the pods ``labels`` select: ``{le: increase of metric_bucket{le}}``, ``+Inf`` included --
-    what ``stats.compare_tail_latency`` takes (``increases_by_label`` by ``le``); the
+    what ``stats.compare_tail_latency`` takes (``prometheus.increases_by_label`` by ``le``); the
     ``histogram_quantile`` of these counts is what Prometheus' own function gives for the step.
     None when the histogram has no bucket series or is not scraped past ``end`` yet. ``regex``:
     label matchers by regular expression besides ``labels``."""
-    by_le = increases_by_label(prom, f"{metric}_bucket", "le", labels, start, end, now, regex)
+    by_le = prometheus.increases_by_label(prom, f"{metric}_bucket", "le", labels, start, end, now, regex)
     if not by_le:
         return None
     out = dict(sorted((_le(le), v) for le, v in by_le.items()))
@@ -149,9 +119,9 @@ def bucket_increases(prom, metric: str, labels: dict[str, str], start: datetime,
 
 def finished_by_reason(prom, metric: str, labels: dict[str, str], regex: dict[str, str] | None, start: datetime,
                        end: datetime, now: float | None = None) -> dict[str, float] | None:
-    """Finished requests over [start, end] per ``finished_reason`` (``increases_by_label``; a pod
+    """Finished requests over [start, end] per ``finished_reason`` (``prometheus.increases_by_label``; a pod
     replaced inside the window counts up to its last sample)."""
-    return increases_by_label(prom, metric, "finished_reason", labels, start, end, now, regex, count_ended=True)
+    return prometheus.increases_by_label(prom, metric, "finished_reason", labels, start, end, now, regex, count_ended=True)
 
 
 #: Engines whose per-token-latency histogram is observed once per generated token (so the
@@ -443,8 +413,9 @@ def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: da
     started = prometheus.counter_increase(_prom(spec), f"{names.ttft}_count", labels, t0, t1, regex=regex,
                                           count_ended=True)
     if started is None:
+        sel = prometheus.selector(labels, regex)
         return GuardCheck(False, f"guard: the fleet's pods are not scraped by Prometheus (no {names.ttft}_count"
-                                 f"{prometheus.selector(labels, regex)}), so the guard cannot see whether they serve users: it drives a promoted "
+                                 f"{sel}), so the guard cannot see whether they serve users: it drives a promoted "
                                  "pod and the control with its own load. If the fleet serves users, have Prometheus "
                                  "scrape its pods (docs/analyze.md) and the guard compares on their traffic instead",
                           enough_data=False, mode=GUARD_SYNTHETIC, warning=True)

@@ -55,8 +55,10 @@ import math
 import re
 import statistics
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import Enum
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -599,6 +601,35 @@ def counter_increase(prom: Any, metric: str, labels: Mapping[str, str], start: f
     ``end`` is not scraped yet. None when no series matches (nothing scraped there at all)."""
     d = _Reader(prom, labels, start, end, regex=regex, count_ended=count_ended).delta(metric)
     return None if d is None else d.value
+
+
+def increases_by_label(prom, metric: str, label: str, labels: dict[str, str], start: datetime, end: datetime,
+                       now: float | None = None, regex: dict[str, str] | None = None,
+                       count_ended: bool = False) -> dict[str, float] | None:
+    """The increase of counter ``metric`` over [start, end] per value of ``label``, summed over the
+    series ``labels`` (and ``regex``) select: exact reset-aware increases from the raw samples, as
+    ``prometheus`` reads every counter (no PromQL ``increase()`` extrapolation). Series without
+    ``label`` are left out. None when there is no such series or one is not scraped past ``end``
+    yet. ``count_ended``: a series that ended inside the window counts up to its last sample."""
+    t0, t1 = start.timestamp(), end.timestamp()
+    if t1 <= t0:
+        return None
+    now = time.time() if now is None else now
+    lookback = DEFAULT_LOOKBACK_S
+    until = max(t1, min(now, t1 + lookback))
+    series = raw_samples(prom, metric, selector(labels, regex), t0 - lookback, until)
+    groups: dict[str, dict[tuple, Any]] = defaultdict(dict)
+    for key, pts in series.items():
+        value = dict(key).get(label)
+        if value is not None:
+            groups[value][key] = pts
+    out = {}
+    for value, group in groups.items():
+        d = _delta(group, t0, t1, count_ended)
+        if d.unscraped:
+            return None
+        out[value] = d.value
+    return out or None
 
 
 def _not_scraped_reason(metric: str, sel: str, end: float) -> str:
