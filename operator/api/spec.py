@@ -578,21 +578,19 @@ _SWEEP_FITS_CEL = (f"!has(self.load) || !has(self.analysis) || !has(self.load.ba
                    f" || !{_dur_ok('self.load.stepDuration')} || !{_dur_ok('self.analysis.deadline')}"
                    " || duration(self.analysis.deadline).getSeconds()"
                    " >= size(self.load.batchSizes) * duration(self.load.stepDuration).getSeconds()")
-def _pct_cel(path: str) -> str:
-    return f"double(string({path}).replace('%', ''))"
 
 
 _GUARD_G = "self.promotion.guard"
+# the loss the guard tolerates: the guard's own maxThroughputRegression, or else the analysis's
+_GUARD_TOL = (f"(has({_GUARD_G}.maxThroughputRegression) ? string({_GUARD_G}.maxThroughputRegression)"
+              " : string(self.analysis.maxThroughputRegression))")
 _GUARD_POWER_CEL = (f"!has(self.promotion) || !has({_GUARD_G}) || !has({_GUARD_G}.minDetectableRegression)"
+                    f" || (!has({_GUARD_G}.maxThroughputRegression)"
+                    " && (!has(self.analysis) || !has(self.analysis.maxThroughputRegression)))"
                     f" || !string({_GUARD_G}.minDetectableRegression).matches(r'{PERCENT_PATTERN}')"
-                    f" || (has({_GUARD_G}.maxThroughputRegression)"
-                    f" ? (!string({_GUARD_G}.maxThroughputRegression).matches(r'{PERCENT_PATTERN}')"
-                    f" || {_pct_cel(_GUARD_G + '.minDetectableRegression')}"
-                    f" > {_pct_cel(_GUARD_G + '.maxThroughputRegression')})"
-                    f" : (!has(self.analysis) || !has(self.analysis.maxThroughputRegression)"
-                    f" || !string(self.analysis.maxThroughputRegression).matches(r'{PERCENT_PATTERN}')"
-                    f" || {_pct_cel(_GUARD_G + '.minDetectableRegression')}"
-                    f" > {_pct_cel('self.analysis.maxThroughputRegression')}))")
+                    f" || !{_GUARD_TOL}.matches(r'{PERCENT_PATTERN}')"
+                    f" || double(string({_GUARD_G}.minDetectableRegression).replace('%', ''))"
+                    f" > double({_GUARD_TOL}.replace('%', ''))")
 _ENGINE_METHOD_CEL = ("!has(self.lookahead) || !has(self.lookahead.method) || self.lookahead.method == 'ngram'"
                       " || !has(self.engine) || self.engine in ['auto', 'reference']")
 

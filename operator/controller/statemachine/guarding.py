@@ -149,7 +149,7 @@ def _must_keep_guarding(ctx: PassContext, check: GuardCheck | None, since: datet
     if enough:
         return False
     if ctx.since(since) >= ctx.spec.analysis.deadline:
-        _roll_back(ctx, "GuardNoData", f"{what} had not the evidence to pass by the analysis deadline "
+        _roll_back(ctx, "GuardNoData", f"{what} lacked the evidence to pass by the analysis deadline "
                                        f"({check.message if check else 'no guard data'}); not promoting blind")
         return True
     ctx.wait(ctx.world.poll_s)
