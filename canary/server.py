@@ -4,12 +4,15 @@
         [--served-model-name NAME] [--max-num-seqs 32] \\
         [--speculative-config '{"method":"jacobi","window":7,"ngram":5,"guess_set":7}'] \\
         [--speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":2,"prompt_lookup_max":5}'] \\
-        [--lookahead-max-batch-size N] [--backend model|simulate] [--sim-config JSON]
+        [--lookahead-max-batch-size N] [--backend model|simulate] [--sim-config JSON] \\
+        [--report-version VERSION]
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``"stream": true`` gives
 server-sent events ending in ``data: [DONE]``; ``stream_options.include_usage`` adds a usage
 chunk), ``GET /v1/models``, ``GET /health`` (503 until the model is loaded and while draining),
-``GET /metrics`` (Prometheus text; see ``metrics.py``).
+``GET /metrics`` (Prometheus text; see ``metrics.py``), ``GET /version`` (vLLM's shape:
+``{"version": "0.1.0"}``, the lookahead-rollout package's version, or ``--report-version``'s; the
+operator reads it from a fleet pod before a rollout).
 
 Decoding is greedy; with ``--speculative-config`` it is lookahead (Jacobi) or n-gram prompt
 lookup, which produce exactly the greedy tokens. ``temperature > 0`` is rejected (400, param
@@ -31,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -116,7 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model: a real torch model; simulate: the roofline simulator")
     p.add_argument("--sim-config", type=_json_object, default=None,
                    help="simulator.SimConfig as JSON (with --backend simulate); may add \"seed\"")
+    p.add_argument("--report-version", type=_release, default=None,
+                   help="the version GET /version answers (default: the lookahead-rollout package's); for "
+                        "tests that present another engine release, e.g. an older vLLM than its image tag")
     return p
+
+
+def _release(text: str) -> str:
+    """``--report-version``: a release number (``0.20.1``, ``0.24.0rc1``), as an engine reports it."""
+    if not re.match(r"^\d+\.\d+(\.\d+)?([.\-+_]?[0-9A-Za-z.+_-]*)?$", text):
+        raise argparse.ArgumentTypeError(f"not a release number: {text!r}")
+    return text
+
+
+def package_version() -> str:
+    """The installed lookahead-rollout package's version (``"unknown"`` when it is not installed)."""
+    try:
+        return importlib.metadata.version("lookahead-rollout")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -479,6 +502,7 @@ class EngineServer:
             web.get("/v1/models", self.models),
             web.get("/health", self.health),
             web.get("/metrics", self.metrics_endpoint),
+            web.get("/version", self.version),
         ])
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -534,6 +558,10 @@ class EngineServer:
         if self.engine is not None:
             data["max_model_len"] = self.engine.max_model_len
         return web.json_response({"object": "list", "data": [data]})
+
+    async def version(self, request: web.Request) -> web.Response:
+        """vLLM's ``GET /version`` shape; answered while loading too (the version does not wait for the model)."""
+        return web.json_response({"version": self.args.report_version or package_version()})
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         body, content_type = self.metrics.render()

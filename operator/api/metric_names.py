@@ -135,30 +135,8 @@ SGLANG_METRICS = MetricNames(
     live_generation_tokens_match=(("mode", "decode"),),
 )
 
-#: TensorRT-LLM (tensorrt_llm/metrics/collector.py, read from its source; not installable here).
-#: ``time_per_output_token`` is one observation per finished request.
-TRTLLM_METRICS = MetricNames(
-    engine="trtllm",
-    per_token_latency="trtllm_time_per_output_token_seconds",
-    ttft="trtllm_time_to_first_token_seconds",
-    e2e="trtllm_e2e_request_latency_seconds",
-    prefill_time="trtllm_request_prefill_time_seconds",
-    decode_time="trtllm_request_decode_time_seconds",
-    queue_time="trtllm_request_queue_time_seconds",
-    generation_tokens="trtllm_generation_tokens_total",
-    prompt_tokens="trtllm_prompt_tokens_total",
-    drafts=None,
-    draft_tokens="trtllm_spec_decode_num_draft_tokens_total",
-    accepted_tokens="trtllm_spec_decode_num_accepted_tokens_total",
-    running="trtllm_num_requests_running",
-    waiting="trtllm_num_requests_waiting",
-    acceptance_length_gauge="trtllm_spec_decode_acceptance_length",
-    labels=("model_name", "engine_type"),
-)
-
 #: Every engine's names, by engine name.
-METRIC_NAMES: dict[str, MetricNames] = {m.engine: m for m in (VLLM_METRICS, SGLANG_METRICS, TRTLLM_METRICS,
-                                                               REFERENCE_METRICS)}
+METRIC_NAMES: dict[str, MetricNames] = {m.engine: m for m in (VLLM_METRICS, SGLANG_METRICS, REFERENCE_METRICS)}
 
 
 def metric_names(engine: str) -> MetricNames:

@@ -38,7 +38,8 @@ class LookaheadParams:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     prompt_lookup_tokens: int = 0      # jacobi: prompt-lookup draft verified alongside (0: off)
-    engine_version: str | None = None  # overrides the image tag
+    engine_version: str | None = None  # the user statement of the version (engines.versions.checked_version)
+    replace_existing: bool = False     # the candidate may replace a different method the fleet runs
 
 
 _ALIASES = {
@@ -51,6 +52,7 @@ _ALIASES = {
     "prompt_lookup_max": ("prompt_lookup_max", "promptLookupMax"),
     "prompt_lookup_tokens": ("prompt_lookup_tokens", "promptLookupTokens"),
     "engine_version": ("engine_version", "engineVersion"),
+    "replace_existing": ("replace_existing", "replaceExisting"),
 }
 
 
@@ -85,6 +87,9 @@ def lookahead_params(spec: Any) -> LookaheadParams:
     for k, v in list(kw.items()):
         if k == "engine_version":
             kw[k] = str(v)
+        elif k == "replace_existing":
+            if not isinstance(v, bool):
+                raise EngineError(f"lookahead replaceExisting must be true or false, got {v!r}")
         elif k != "method":
             kw[k] = int(v)
             if kw[k] < (0 if k == "prompt_lookup_tokens" else 1):
@@ -116,6 +121,40 @@ def regime_max_batch(regime: Any) -> int | None:
     return value
 
 
+#: How messages name a speculative method (the engines' own method names, lower-cased).
+METHOD_LABELS: dict[str, str] = {
+    "jacobi": "Jacobi lookahead", "ngram": "n-gram", "ngram_gpu": "n-gram (GPU)", "suffix": "suffix decoding",
+    "eagle": "EAGLE", "eagle3": "EAGLE-3", "mtp": "MTP", "nextn": "MTP (NEXTN)", "draft_model": "a draft model",
+    "standalone": "a draft model (STANDALONE)", "dflash": "DFlash", "dspark": "DSpark",
+}
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """The speculative method a fleet's engine container already runs, as its flags say.
+    ``method``: the engine's own name, lower-cased (``eagle3``, ``ngram``, ``nextn``); ``None``
+    when speculation is set but its method cannot be read (a shell expansion). ``source``: where
+    it was read, in words (``vllm --speculative-config method eagle3``)."""
+    method: str | None
+    source: str
+
+    @property
+    def label(self) -> str:
+        if self.method is None:
+            return "a speculative method this operator cannot read"
+        return METHOD_LABELS.get(self.method, self.method)
+
+
+def replacement_problems(lookahead: LookaheadParams, existing: Speculation | None) -> list[str]:
+    """The candidate would replace a different method the fleet runs, and the spec does not say
+    it may (``spec.lookahead.replaceExisting``): one message naming the fleet's method."""
+    if existing is None or existing.method == lookahead.method or lookahead.replace_existing:
+        return []
+    return [f"the fleet runs {existing.label} ({existing.source}); the candidate {lookahead.method} would replace "
+            f"it: set spec.lookahead.replaceExisting: true to compare them (the control keeps {existing.label}, "
+            f"the canary runs {lookahead.method}), or leave this fleet out of spec.targets"]
+
+
 def pod_spec(pod_template: Mapping) -> Mapping:
     """The pod spec of a pod template, a Deployment or a Deployment spec (or a pod spec itself)."""
     if "template" in pod_template and isinstance(pod_template["template"], Mapping):  # a Deployment spec
@@ -136,7 +175,7 @@ def pod_spec(pod_template: Mapping) -> Mapping:
 class Launcher:
     """How a command line starts the engine: ``EXECUTABLE [SUBCOMMAND] ARGS`` or
     ``python[3] [-u ...] -m MODULE ARGS``. The engine's arguments follow these words."""
-    executable: str | None = None      # the basename: vllm, trtllm-serve, lookahead-engine
+    executable: str | None = None      # the basename: vllm, sglang, lookahead-engine
     subcommand: str | None = None      # a word after the executable that is part of the launch: serve
     subcommand_required: bool = False  # True: the executable without the subcommand is not the server
     modules: tuple[str, ...] = ()      # python -m MODULE
@@ -164,10 +203,14 @@ class EngineSetup:
 
 #: ``render_on(container, lookahead_spec, regime=None) -> new container``
 RenderOn = Callable[[Mapping, Any, Any], dict]
-#: ``render_off(container) -> new container``
-RenderOff = Callable[[Mapping], dict]
+#: ``render_control(container) -> new container``: the fleet's container as it runs
+RenderControl = Callable[[Mapping], dict]
+#: ``existing(container) -> the speculation the fleet's container runs``, ``None`` for none
+Existing = Callable[[Mapping], "Speculation | None"]
 #: ``problems(setup, regime_aware) -> messages``: empty when the engine can run it
 Problems = Callable[[EngineSetup, bool], "list[str]"]
+#: ``version_answer(path, json) -> the version text`` a version endpoint's answer states
+VersionAnswer = Callable[[str, Any], str]
 #: ``regime_config(lookahead, max_batch_size, engine_max_batch) -> the engine's regime setting``
 RegimeConfig = Callable[[LookaheadParams, int, "int | None"], dict]
 
@@ -180,11 +223,18 @@ class EngineAdapter:
     ``problems`` lists what this version and config cannot do (the messages of an
     ``Accepted=False`` condition). ``render_on`` returns the canary container (lookahead on;
     ``regime``: speculate only up to that batch size) and raises :class:`EngineError` with the
-    same messages ``problems`` gives; ``render_off`` the control (every speculation flag of ours
-    removed). ``edits_command_line`` False: the engine reads speculation from a file the operator
-    mounts (TensorRT-LLM), and both renderers raise :class:`EngineError` naming what to use.
+    same messages ``problems`` gives, among them :func:`replacement_problems`: the fleet's
+    candidate on top of the fleet's own flags (a method the fleet already runs keeps its other
+    settings; a different one replaces it only with ``replaceExisting``). ``render_control``
+    returns the control: the fleet's container as it runs, its speculation included (plus only
+    what measuring needs, such as SGLang's ``--enable-metrics``). ``existing`` reads the method the
+    fleet's container already runs from its flags.
     ``version_from_image_tag`` False: the image tag says nothing about the engine's version.
+    ``version_paths``: the running engine's version endpoints, tried in order (the next only when
+    one answers 404: an older release without it); ``version_answer(path, json) -> version text``
+    reads one's answer (:class:`EngineError` when it has none).
     ``checked_version``: the newest release whose parser and sources we checked (``None``: ours).
+    ``default_port``: where the engine listens when its command line has no ``--port``.
     """
     name: str
     detection: Detection
@@ -192,7 +242,10 @@ class EngineAdapter:
     metrics: MetricNames
     problems: Problems
     render_on: RenderOn
-    render_off: RenderOff
+    render_control: RenderControl
+    existing: Existing
     regime_config: RegimeConfig
-    edits_command_line: bool = True
     version_from_image_tag: bool = True
+    version_paths: tuple[str, ...] = ("/version",)
+    version_answer: "VersionAnswer | None" = None
+    default_port: int = 8000

@@ -1,8 +1,10 @@
 """The SGLang adapter: ``--speculative-algorithm NGRAM`` (0.5.3+) with ``--speculative-num-draft-tokens
-K+1`` (the count includes the root token). No per-batch switch: regime-aware is refused. Both
-roles get ``--enable-metrics``, the same ``--max-running-requests`` (NGRAM caps an unset value
-at 48), no ``--enable-mixed-chunk`` (NGRAM turns it off) and, where NGRAM forces it, the same
-``--disable-overlap-schedule``. What each version supports: ``docs/engines.md``.
+K+1`` (the count includes the root token). No per-batch switch: regime-aware is refused. The
+control is the fleet's container as it runs (its ``--speculative-algorithm`` included: EAGLE,
+EAGLE3, NEXTN, STANDALONE, NGRAM), with ``--enable-metrics`` added (no ``/metrics`` without it).
+The canary also states what NGRAM changes besides speculation: ``--max-running-requests`` (NGRAM
+caps an unset value at 48), no ``--enable-mixed-chunk`` (NGRAM turns it off) and, where NGRAM
+forces it, ``--disable-overlap-schedule``. What each version supports: ``docs/engines.md``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from lookahead_operator.engines.argv import (
     remove_flag,
 )
 from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
-    LookaheadParams, lookahead_params, regime_max_batch)
-from lookahead_operator.engines.versions import EngineVersion, engine_version, format_version
+    LookaheadParams, Speculation, lookahead_params, regime_max_batch, replacement_problems)
+from lookahead_operator.engines.versions import EngineVersion, engine_version, format_version, version_answer
 
 NAME = "sglang"
 LAUNCHER = Launcher(executable="sglang", subcommand="serve", modules=("sglang.launch_server",))
@@ -60,14 +62,43 @@ def _strip_spec(argv: list[str]) -> list[str]:
     return out
 
 
+#: the flags the canary sets; a fleet already on NGRAM keeps its other ``--speculative-*`` flags
+_OURS = ("--speculative-algorithm", "--speculative-num-draft-tokens", "--speculative-ngram-min-match-window-size",
+         "--speculative-ngram-max-match-window-size")
+
+
+def _strip_ours(argv: list[str]) -> list[str]:
+    for flag in _OURS:
+        argv = remove_flag(argv, flag)
+    return argv
+
+
+def existing_from_argv(argv: list[str]) -> Speculation | None:
+    """The speculation an SGLang argv already runs (``--speculative-algorithm``)."""
+    algorithm = flag_value(argv, "--speculative-algorithm")
+    if algorithm is None:
+        return None
+    if "\x00" in algorithm:
+        return Speculation(None, "sglang --speculative-algorithm set from a shell expansion")
+    return Speculation(algorithm.lower(), f"sglang --speculative-algorithm {algorithm}")
+
+
+def existing_method(container: Mapping) -> Speculation | None:
+    """The speculative method the fleet's SGLang container runs (``None``: no speculation)."""
+    return existing_from_argv(container_argv(container, _LAUNCHERS))
+
+
 def _device(argv: list[str]) -> str:
     return (flag_value(argv, "--device") or "cuda").split(":", 1)[0].lower()
 
 
+def _metrics(argv: list[str]) -> list[str]:
+    return argv if has_flag(argv, "--enable-metrics") else argv + ["--enable-metrics"]
+
+
 def _common(argv: list[str], ver: EngineVersion) -> list[str]:
-    """What NGRAM changes besides speculation, set the same on both roles."""
-    if not has_flag(argv, "--enable-metrics"):
-        argv = argv + ["--enable-metrics"]
+    """What NGRAM changes besides speculation, stated on the canary's command line."""
+    argv = _metrics(argv)
     if flag_value(argv, "--max-running-requests") is None:
         argv = argv + ["--max-running-requests", str(SGLANG_NGRAM_MAX_RUNNING_REQUESTS)]
     argv = remove_flag(argv, "--enable-mixed-chunk", takes_value=False)
@@ -91,6 +122,9 @@ def _method_problems(p: LookaheadParams) -> list[str]:
 def _device_problems(argv: list[str], ver: EngineVersion) -> list[str]:
     where = ver.describe()
     dev = _device(argv)
+    for device, since in (("cpu", SGLANG_CPU_SINCE), ("xpu", SGLANG_XPU_SINCE)):
+        if dev == device and not ver.at_least(since) and ver.doubt:
+            return [ver.unproven(f"NGRAM on --device {device} needs SGLang {format_version(since)}+")]
     if dev == "cpu" and not ver.at_least(SGLANG_CPU_SINCE):
         return [f"{where}: NGRAM runs on CUDA only before SGLang {format_version(SGLANG_CPU_SINCE)} (here --device cpu)"]
     if dev == "xpu" and not ver.at_least(SGLANG_XPU_SINCE):
@@ -100,26 +134,47 @@ def _device_problems(argv: list[str], ver: EngineVersion) -> list[str]:
     return []
 
 
+def _render_version_problems(setup: EngineSetup) -> list[str]:
+    """The canary's flags depend on the version up to 0.5.12 (the match-window flags, the forced
+    ``--disable-overlap-schedule``); they are rendered from engineVersion or the image tag. A
+    running version that neither states is one the canary would not be rendered for."""
+    running, rendered = setup.version.version, engine_version(setup.container, NAME, setup.lookahead).version
+    if running is None or rendered == running or running > SGLANG_OVERLAP_FORCED_UNTIL:
+        return []
+    return [f"{setup.version.describe()}: the canary's NGRAM flags differ up to SGLang "
+            f"{format_version(SGLANG_OVERLAP_FORCED_UNTIL)} and are rendered from spec.lookahead.engineVersion or the "
+            f"image tag, which state no version here: set spec.lookahead.engineVersion: {format_version(running)}"]
+
+
+def version_from_answer(path: str, body: Any) -> str:
+    """SGLang's ``/server_info`` (newer releases; ``/get_server_info`` kept, deprecated) and
+    ``/get_server_info`` (0.5.x): the server args merged with ``"version": sglang.__version__``."""
+    return version_answer(body)
+
+
 def problems(setup: EngineSetup, regime_aware: bool) -> list[str]:
     """What this SGLang version and container cannot do for the lookahead (and a regime)."""
     argv, ver = setup.argv, setup.version
     out = _method_problems(setup.lookahead)
-    if not ver.at_least(SGLANG_NGRAM_SINCE):
+    if not ver.at_least(SGLANG_NGRAM_SINCE) and ver.doubt:
+        out.append(ver.unproven(f"the NGRAM speculative algorithm needs SGLang {format_version(SGLANG_NGRAM_SINCE)}+"))
+    elif not ver.at_least(SGLANG_NGRAM_SINCE):
         out.append(f"{ver.describe()} has no NGRAM speculative algorithm (added in SGLang "
                    f"{format_version(SGLANG_NGRAM_SINCE)})")
     if regime_aware:
         out.append("SGLang has no per-batch-size speculation switch, so speculation cannot be limited to small "
                    "batches; use promotion mode full or analysisOnly")
-    out += _device_problems(argv, ver)
+    out += _device_problems(argv, ver) + _render_version_problems(setup)
     attn_dp = int_or_none(flag_value(argv, "--attn-dp-size"))
     if has_flag(argv, "--enable-dp-attention") or (attn_dp or 1) > 1:
         out.append("SGLang's NGRAM speculation does not support data-parallel attention "
                    "(--enable-dp-attention / --attn-dp-size > 1)")
-    return out
+    return out + replacement_problems(setup.lookahead, existing_from_argv(argv))
 
 
 def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None) -> dict:
-    """The canary: NGRAM with K+1 draft tokens, on top of what both roles share."""
+    """The canary: NGRAM with K+1 draft tokens and what NGRAM changes besides speculation; a fleet
+    already on NGRAM keeps its other NGRAM flags, another method's flags are dropped."""
     p = lookahead_params(lookahead_spec)
     max_batch = regime_max_batch(regime)
     ver = engine_version(container, NAME, p)
@@ -129,7 +184,9 @@ def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None
         raise EngineError("; ".join(refused))
 
     def fn(argv: list[str]) -> list[str]:
-        argv = _common(_strip_spec(argv), ver)
+        existing = existing_from_argv(argv)
+        same = existing is not None and existing.method == "ngram"
+        argv = _common(_strip_ours(argv) if same else _strip_spec(argv), ver)
         argv = argv + ["--speculative-algorithm", "NGRAM",
                        "--speculative-num-draft-tokens", str(p.num_speculative_tokens + 1)]
         if ver.version is not None and ver.version <= SGLANG_MATCH_WINDOW_UNTIL:
@@ -140,10 +197,9 @@ def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None
     return edit_container(container, fn, _LAUNCHERS)
 
 
-def render_off(container: Mapping) -> dict:
-    """The control: no speculative flag, and what NGRAM changes besides speculation."""
-    ver = engine_version(container, NAME)
-    return edit_container(container, lambda argv: _common(_strip_spec(argv), ver), _LAUNCHERS)
+def render_control(container: Mapping) -> dict:
+    """The control: the fleet's container as it runs, with ``--enable-metrics`` (to be measured)."""
+    return edit_container(container, _metrics, _LAUNCHERS)
 
 
 def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int | None) -> dict:
@@ -152,4 +208,6 @@ def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int
 
 ADAPTER = EngineAdapter(NAME, Detection(re.compile(r"sglang"), order=2, launcher=LAUNCHER), checked_version="0.5.23",
                         metrics=SGLANG_METRICS, problems=problems, render_on=render_lookahead,
-                        render_off=render_off, regime_config=regime_config)
+                        render_control=render_control, existing=existing_method,
+                        regime_config=regime_config, default_port=30000,
+                        version_paths=("/server_info", "/get_server_info"), version_answer=version_from_answer)

@@ -3,15 +3,18 @@ lookup (``ngram``, ``ngram_gpu`` from 0.18.0) and ``suffix`` (0.11.1+, needs arc
 ``--speculative-config '{"method":"ngram","num_speculative_tokens":K,"prompt_lookup_min":a,
 "prompt_lookup_max":b}'``. Regime-aware promotion uses ``"num_speculative_tokens_per_batch_size":
 [[1, C, K], [C+1, MAX, 0]]`` (0.24.0+; refused before, and with ``--data-parallel-size`` > 1,
-where vLLM silently switches the schedule off). Every spelling that sets speculation
-(``--speculative-config X``, ``--speculative-config=X``, ``-sc``, ``--speculative_config``,
-dotted ``--speculative-config.method=...``, ``--spec-method``/``--spec-model``/``--spec-tokens``)
-is stripped from the control and merged into one ``--speculative-config`` in the canary.
+where vLLM silently switches the schedule off). The control is the fleet's container as it runs.
+Every spelling that sets speculation (``--speculative-config X``, ``--speculative-config=X``,
+``-sc``, ``--speculative_config``, dotted ``--speculative-config.method=...``,
+``--spec-method``/``--spec-model``/``--spec-tokens``) is read as the fleet's method
+(:func:`existing_method`: ngram, eagle, eagle3, mtp, draft_model, suffix, ...) and merged into one
+``--speculative-config`` in the canary.
 What each version supports: ``docs/engines.md``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any, Mapping
@@ -19,8 +22,8 @@ from typing import Any, Mapping
 from lookahead_operator.api.metric_names import VLLM_METRICS
 from lookahead_operator.engines.argv import container_argv, edit_container, env_value, int_or_none
 from lookahead_operator.engines.base import (Detection, EngineAdapter, EngineError, EngineSetup, Launcher,
-    LookaheadParams, lookahead_params, regime_max_batch)
-from lookahead_operator.engines.versions import engine_version, format_version
+    LookaheadParams, Speculation, lookahead_params, regime_max_batch, replacement_problems)
+from lookahead_operator.engines.versions import engine_version, format_version, version_answer
 
 NAME = "vllm"
 LAUNCHER = Launcher(executable="vllm", subcommand="serve", subcommand_required=True,
@@ -121,6 +124,44 @@ def vllm_existing_speculation(argv: list[str]) -> dict | None:
     return {k.replace("-", "_"): v for k, v in cfg.items()}
 
 
+def _method_of(cfg: Mapping[str, Any]) -> str | None:
+    """The method vLLM runs for a speculative config, as its ``SpeculativeConfig`` infers it: the
+    ``method`` given (``[ngram]`` is ngram, every ``*_mtp`` is mtp), else from the draft ``model``
+    (``ngram``; a name with ``eagle-``, else ``eagle3``, is EAGLE / EAGLE-3; otherwise a draft model)."""
+    method, model = cfg.get("method"), cfg.get("model")
+    if method is not None and not isinstance(method, str):
+        return None
+    if method in ("ngram", "[ngram]") or (method is None and model in ("ngram", "[ngram]")):
+        return "ngram"
+    if method is not None and method.endswith("_mtp"):
+        return "mtp"
+    if method not in (None, "draft_model"):
+        return method
+    if not isinstance(model, str):
+        return None                                 # nothing vLLM could run (or a shell expansion)
+    name = model.lower()
+    return "eagle" if "eagle-" in name else "eagle3" if "eagle3" in name else "draft_model"
+
+
+def existing_from_argv(argv: list[str]) -> Speculation | None:
+    """The speculation a vLLM argv already runs; ``method`` ``None`` when it cannot be read."""
+    _, found, _ = _split(argv)
+    if not found:
+        return None
+    cfg = vllm_existing_speculation(argv) or {}
+    readable = all(v is not None and "\x00" not in v for _, v in found)
+    if readable and cfg.get("method") is None and cfg.get("model") is None:
+        return None                                 # names no method nor draft: nothing vLLM would run
+    method = _method_of(cfg)
+    spelling = found[0][0]
+    return Speculation(method, f"vllm {spelling} method {method}" if method else f"vllm {spelling}")
+
+
+def existing_method(container: Mapping) -> Speculation | None:
+    """The speculative method the fleet's vLLM container runs (``None``: no speculation)."""
+    return existing_from_argv(container_argv(container, _LAUNCHERS))
+
+
 def _method_cfg(p: LookaheadParams) -> dict[str, Any]:
     if p.method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": p.num_speculative_tokens}
@@ -128,8 +169,10 @@ def _method_cfg(p: LookaheadParams) -> dict[str, Any]:
             "prompt_lookup_min": p.prompt_lookup_min, "prompt_lookup_max": p.prompt_lookup_max}
 
 
-def _schedule(p: LookaheadParams, max_batch: int, engine_max: int) -> list[list[int]]:
-    ranges = [[1, min(max_batch, engine_max), p.num_speculative_tokens]]
+def _schedule(k: int, max_batch: int, engine_max: int) -> list[list[int]]:
+    """``num_speculative_tokens_per_batch_size``: K up to ``max_batch``, 0 (off) above; the same
+    for every method vLLM runs (it is a key of the speculative config, not of a method)."""
+    ranges = [[1, min(max_batch, engine_max), k]]
     if max_batch < engine_max:
         ranges.append([max_batch + 1, engine_max, 0])
     return ranges
@@ -138,7 +181,8 @@ def _schedule(p: LookaheadParams, max_batch: int, engine_max: int) -> list[list[
 def _spec_json(p: LookaheadParams, max_batch: int | None, engine_max: int) -> str:
     cfg = _method_cfg(p)
     if max_batch is not None:
-        cfg["num_speculative_tokens_per_batch_size"] = _schedule(p, max_batch, engine_max)
+        cfg["num_speculative_tokens_per_batch_size"] = _schedule(int(cfg["num_speculative_tokens"]), max_batch,
+                                                                 engine_max)
     return json.dumps(cfg, separators=(",", ":"))
 
 
@@ -156,7 +200,11 @@ def _draft_model_key(key: str) -> bool:
 def _regime_problems(setup: EngineSetup) -> list[str]:
     out: list[str] = []
     p, ver, where = setup.lookahead, setup.version, setup.version.describe()
-    if not ver.at_least(VLLM_PER_BATCH_SINCE):
+    if not ver.at_least(VLLM_PER_BATCH_SINCE) and ver.doubt:
+        out.append(ver.unproven(f"regime-aware promotion needs vLLM {format_version(VLLM_PER_BATCH_SINCE)}+ "
+                                "(num_speculative_tokens_per_batch_size; older releases silently drop it and "
+                                "would speculate at every batch size)"))
+    elif not ver.at_least(VLLM_PER_BATCH_SINCE):
         out.append(f"{where} has no per-batch-size speculation schedule (num_speculative_tokens_per_batch_size "
                    f"arrived in vLLM {format_version(VLLM_PER_BATCH_SINCE)}; older releases silently drop it and "
                    f"would speculate at every batch size); use promotion mode full or analysisOnly, or upgrade")
@@ -183,18 +231,25 @@ def problems(setup: EngineSetup, regime_aware: bool) -> list[str]:
     if ver.version is not None and ver.version < VLLM_MIN_CHECKED:
         out.append(f"{where} predates the oldest vLLM this operator was checked against "
                    f"({format_version(VLLM_MIN_CHECKED)}); its speculative flags differ")
-    if p.method == "suffix" and not ver.at_least(VLLM_SUFFIX_SINCE):
-        out.append(f"{where} has no 'suffix' speculative method (added in vLLM {format_version(VLLM_SUFFIX_SINCE)})")
-    if p.method == "ngram_gpu" and not ver.at_least(VLLM_NGRAM_GPU_SINCE):
-        out.append(f"{where} has no 'ngram_gpu' speculative method (added in vLLM "
-                   f"{format_version(VLLM_NGRAM_GPU_SINCE)})")
+    for method, since in (("suffix", VLLM_SUFFIX_SINCE), ("ngram_gpu", VLLM_NGRAM_GPU_SINCE)):
+        if p.method != method or ver.at_least(since):
+            continue
+        out.append(ver.unproven(f"method {method} needs vLLM {format_version(since)}+") if ver.doubt else
+                   f"{where} has no {method!r} speculative method (added in vLLM {format_version(since)})")
     if regime_aware:
         out += _regime_problems(setup)
-    return out
+    return out + replacement_problems(p, existing_from_argv(setup.argv))
+
+
+def version_from_answer(path: str, body: Any) -> str:
+    """vLLM's ``GET /version``: ``{"version": "0.11.0"}`` (``vllm.entrypoints.openai.api_server``)."""
+    return version_answer(body)
 
 
 def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None) -> dict:
-    """The canary: one ``--speculative-config`` (ours merged into the fleet's same-method keys)."""
+    """The canary: one ``--speculative-config``, ours merged into the fleet's own when it runs the
+    same method (its other keys kept); another method's settings are dropped (that needs
+    ``replaceExisting``)."""
     p = lookahead_params(lookahead_spec)
     max_batch = regime_max_batch(regime)
     setup = EngineSetup(container, None, p, engine_version(container, NAME, p), container_argv(container, _LAUNCHERS))
@@ -207,7 +262,7 @@ def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None
         rest, _, first = _split(argv)
         engine_max = int_or_none(_value(rest, "--max-num-seqs")) or VLLM_DEFAULT_MAX_BATCH
         base = {k: v for k, v in existing.items() if k not in _VLLM_OURS and not _draft_model_key(k)}
-        if existing.get("method") not in (None, p.method):
+        if _method_of(existing) not in (None, p.method):
             base = {}                      # another method's settings (a draft model, EAGLE heads) do not carry over
         cfg = {**base, **json.loads(_spec_json(p, max_batch, engine_max))}
         if first is None:
@@ -217,9 +272,9 @@ def render_lookahead(container: Mapping, lookahead_spec: Any, regime: Any = None
     return edit_container(container, fn, _LAUNCHERS)
 
 
-def render_off(container: Mapping) -> dict:
-    """The control: every speculation spelling removed."""
-    return edit_container(container, lambda argv: _split(argv)[0], _LAUNCHERS)
+def render_control(container: Mapping) -> dict:
+    """The control: the fleet's container as it runs, its speculation included."""
+    return copy.deepcopy(dict(container))
 
 
 def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int | None) -> dict:
@@ -231,4 +286,5 @@ def regime_config(p: LookaheadParams, max_batch_size: int, engine_max_batch: int
 
 ADAPTER = EngineAdapter(NAME, Detection(re.compile(r"vllm"), order=3, launcher=LAUNCHER), checked_version="0.33.0",
                         metrics=VLLM_METRICS, problems=problems, render_on=render_lookahead,
-                        render_off=render_off, regime_config=regime_config)
+                        render_control=render_control, existing=existing_method, regime_config=regime_config,
+                        version_paths=("/version",), version_answer=version_from_answer)

@@ -1,11 +1,10 @@
 """Conformance with the real engines: every canary and control command line the adapters render
 is fed to vLLM's and SGLang's own argument parsers, and every metric name we query is looked up in
-their installed sources.
+their installed sources. The control is the fleet as it runs: its speculation (EAGLE-3 included)
+parses exactly as the fleet's does.
 
 The engines live in an isolated virtual environment made by ``hack/install-engine-venv.sh``
 (``make deps``); without it these tests fail, naming the command that makes it (never skip).
-TensorRT-LLM is not installable here (its PyPI package is a stub that downloads from
-pypi.nvidia.com); its YAML is checked against the schema we read from its source, in the unit tests.
 """
 
 from __future__ import annotations
@@ -33,6 +32,9 @@ if not VPY.exists():
 K = 4
 METHODS = {m: {"method": m, "numSpeculativeTokens": K, "promptLookupMin": 2, "promptLookupMax": 5}
            for m in ("ngram", "ngram_gpu", "suffix")}
+# the fleets below run other methods too: the canary may replace them
+REPLACING = {m: {**spec, "replaceExisting": True} for m, spec in METHODS.items()}
+EAGLE3 = {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}
 
 # --- harnesses run inside the engines venv ---------------------------------------------------
 
@@ -117,6 +119,8 @@ def run_harness(harness: str, cases: list[list[str]]) -> dict:
 
 VLLM_FLEETS = {
     "plain": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "64"],
+    "eagle3": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "64", "--speculative-config",
+               json.dumps(EAGLE3, separators=(",", ":"))],
     "model-flag+json": ["--model", "m", "--max-num-seqs", "64", "--speculative-config",
                         '{"method":"eagle","model":"yuhuili/EAGLE3","num_speculative_tokens":3}'],
     "sc-ngram": ["m", "-sc", '{"method":"ngram","num_speculative_tokens":8,"prompt_lookup_max":3}'],
@@ -140,8 +144,8 @@ def _vllm_cases():
     for fleet, argv in VLLM_FLEETS.items():
         c = _vllm_container(argv)
         cases.append((f"{fleet}/fleet", argv, {"fleet": True}))
-        cases.append((f"{fleet}/control", engines.render_off(c)["args"], {"off": True}))
-        for m, spec in METHODS.items():
+        cases.append((f"{fleet}/control", engines.render_control(c)["args"], {"control_of": f"{fleet}/fleet"}))
+        for m, spec in REPLACING.items():
             for regime in (None, 8):
                 out = engines.render_lookahead(c, spec, regime)["args"]
                 cases.append((f"{fleet}/canary/{m}/regime={regime}", out, {"method": m, "regime": regime}))
@@ -182,13 +186,13 @@ def _run_sh(script: str, tmp: Path) -> list[str]:
     return argv[1:]
 
 
-def _check_vllm(label, r, exp, fleet_argv_max=None):
+def _check_vllm(label, r, exp, fleet_result=None):
     assert r["ok"], f"{label}: vLLM's parser refused it: {r['error']}"
     if exp.get("fleet"):
         return
-    if exp.get("off"):
-        assert r["speculative_config"] is None, label
-        assert r["spec_method"] is None and r["spec_tokens"] is None and r["spec_model"] is None, label
+    if exp.get("control_of"):      # the fleet as it runs: the same speculation, as vLLM parses it
+        keys = ("speculative_config", "spec_method", "spec_tokens", "spec_model", "max_num_seqs")
+        assert {k: r[k] for k in keys} == {k: fleet_result[k] for k in keys}, (label, r, fleet_result)
         return
     spec = r["speculative_config"]
     m = exp["method"]
@@ -210,9 +214,10 @@ def test_vllm_parser_accepts_every_rendered_command_line(tmp_path):
     for n, script in enumerate(SHELL_SCRIPTS):
         c = {"name": "vllm", "image": "vllm/vllm-openai:v0.33.0", "command": ["/bin/sh", "-c", script]}
         cases.append((f"shell{n}/fleet", _run_sh(script, tmp_path), {"fleet": True}))
-        cases.append((f"shell{n}/control", _run_sh(engines.render_off(c)["command"][2], tmp_path), {"off": True}))
+        cases.append((f"shell{n}/control", _run_sh(engines.render_control(c)["command"][2], tmp_path),
+                      {"control_of": f"shell{n}/fleet"}))
         for regime in (None, 8):
-            s = engines.render_lookahead(c, METHODS["ngram"], regime)["command"][2]
+            s = engines.render_lookahead(c, REPLACING["ngram"], regime)["command"][2]
             cases.append((f"shell{n}/canary/regime={regime}", _run_sh(s, tmp_path), {"method": "ngram", "regime": regime}))
     # negative controls: the real parser and config do refuse what the issue says they refuse
     neg = [["m", "--speculative-config", '{"method":"ngram","num_speculative_tokens":4,"disable_by_batch_size":4}'],
@@ -220,8 +225,16 @@ def test_vllm_parser_accepts_every_rendered_command_line(tmp_path):
     out = run_harness(VLLM_HARNESS, [argv for _, argv, _ in cases] + neg)
     assert out["version"] == "0.33.0"
     results = out["results"]
+    by_label = {label: r for (label, _, _), r in zip(cases, results)}
     for (label, _, exp), r in zip(cases, results):
-        _check_vllm(label, r, exp)
+        _check_vllm(label, r, exp, by_label.get(exp.get("control_of")))
+    # the issue's case: a fleet on EAGLE-3 keeps EAGLE-3 in its control, as vLLM parses it; the
+    # canary (replaceExisting) is n-gram alone, and vLLM builds its SpeculativeConfig
+    assert by_label["eagle3/control"]["speculative_config"] == EAGLE3
+    eagle_canary = by_label["eagle3/canary/ngram/regime=None"]
+    assert eagle_canary["speculative_config"] == {"method": "ngram", "num_speculative_tokens": K,
+                                                  "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert eagle_canary["built"]["method"] == "ngram"
     assert not results[-2].get("built") and ("disable_by_batch_size" in results[-2].get("error", "")
                                              or not results[-2]["ok"]), results[-2]
     assert not results[-1]["ok"]
@@ -246,8 +259,8 @@ def test_sglang_parser_accepts_every_rendered_command_line():
     for fleet, argv in SGLANG_FLEETS.items():
         c = {"name": "sglang", "image": "lmsysorg/sglang:v0.5.23-cu126",
              "command": ["python3", "-m", "sglang.launch_server"], "args": list(argv)}
-        cases += [(fleet, "fleet", argv), (fleet, "control", engines.render_off(c)["args"]),
-                  (fleet, "canary", engines.render_lookahead(c, METHODS["ngram"])["args"])]
+        cases += [(fleet, "fleet", argv), (fleet, "control", engines.render_control(c)["args"]),
+                  (fleet, "canary", engines.render_lookahead(c, REPLACING["ngram"])["args"])]
     removed = [["--model-path", "Q", "--speculative-algorithm", "NGRAM", "--speculative-ngram-max-match-window-size", "4"],
                ["--model-path", "Q", "--speculative-ngram-max-batch-size", "4"]]
     out = run_harness(SGLANG_HARNESS, [a for _, _, a in cases] + removed)
@@ -257,16 +270,16 @@ def test_sglang_parser_accepts_every_rendered_command_line():
     for (f, role, argv), r in zip(cases, res):
         assert r["ok"], f"{f}/{role}: SGLang's parser refused {argv}: {r['error']}"
     for f in SGLANG_FLEETS:
-        can, ctl = by[(f, "canary")], by[(f, "control")]
+        can, ctl, flt = by[(f, "canary")], by[(f, "control")], by[(f, "fleet")]
         assert can["speculative_algorithm"] == "NGRAM" and can["speculative_num_draft_tokens"] == K + 1, can
-        assert ctl["speculative_algorithm"] is None and ctl["speculative_num_draft_tokens"] is None, ctl
-        assert ctl["speculative_draft_model_path"] is None and ctl["speculative_num_steps"] is None
-        for k in ("enable_metrics", "max_running_requests", "enable_mixed_chunk", "disable_overlap_schedule"):
-            assert can[k] == ctl[k], (f, k, can[k], ctl[k])
+        # the control is the fleet as it runs (EAGLE's draft model and steps included), metrics on
+        assert {**flt, "enable_metrics": True} == ctl, (f, flt, ctl)
         assert can["enable_metrics"] is True and can["enable_mixed_chunk"] is False
         assert can["max_running_requests"] == (128 if f == "mrr+mixed" else engines.SGLANG_NGRAM_MAX_RUNNING_REQUESTS)
         if f == "cpu":
             assert can["disable_overlap_schedule"] is True
+    assert by[("eagle", "control")]["speculative_algorithm"] == "EAGLE"
+    assert by[("eagle", "control")]["speculative_draft_model_path"] == "d"
     # the flags the old adapter rendered are gone from SGLang 0.5.23: argparse exits 2
     assert [r["ok"] for r in res[-2:]] == [False, False] and all("exit 2" in r["error"] for r in res[-2:])
     print(f"SGLang {out['version']}: {len(cases)} command lines parsed")

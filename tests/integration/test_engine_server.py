@@ -442,3 +442,63 @@ def test_the_load_generator_stops_at_once_on_sigterm(engines):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class _FleetPods:
+    """What ``observe.running_version`` reads from the cluster, for a fleet whose one pod is the
+    engine process here (pod IP 127.0.0.1): the pods of a Deployment, ready."""
+
+    def __init__(self, port: int):
+        self.port = port
+
+    def pods(self, namespace: str, selector: dict | None) -> list[dict]:
+        return [{"metadata": {"name": "chat-a-xyz", "namespace": namespace, "uid": f"pod-{self.port}"},
+                 "spec": {"containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": self.port}]}]},
+                 "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}]
+
+
+def _fleet(port: int, image: str, *flags: str) -> dict:
+    container = {"name": "engine", "image": image,
+                 "command": ["python3", "-m", "lookahead_canary.server", "--port", str(port), *flags],
+                 "ports": [{"name": "http", "containerPort": port}]}
+    return {"metadata": {"name": "chat", "namespace": "serving"},
+            "spec": {"selector": {"matchLabels": {"app": "chat"}},
+                     "template": {"metadata": {"labels": {"app": "chat"}}, "spec": {"containers": [container]}}}}
+
+
+def test_version_answers_like_vllm_and_the_operator_reads_it_from_the_pod():
+    """``GET /version`` answers ``{"version": <the package's>}`` (vLLM's shape), before the model
+    is loaded too; ``--report-version`` answers another release. The operator's reader
+    (``observe.running_version``) gets it over HTTP from the engine's port; a fleet presenting
+    vLLM whose image tag says v0.33.0 but whose engine says 0.20.1 is refused regime-aware."""
+    from importlib.metadata import version as package_version
+
+    from lookahead_operator import engines as adapters
+    from lookahead_operator.controller import observe
+
+    own = Engine("--backend", "simulate", "--model", "llama-3-8b")
+    old = Engine("--backend", "simulate", "--model", "llama-3-8b", "--report-version", "0.20.1")
+    try:
+        for e in (own, old):
+            e.wait_ready()
+        r = own.client.get("/version")
+        assert r.status_code == 200 and r.json() == {"version": package_version("lookahead-rollout")}
+        assert old.client.get("/version").json() == {"version": "0.20.1"}
+
+        d = _fleet(own.port, "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
+        ran = observe.running_version(_FleetPods(own.port), d, "reference")
+        assert (ran.text, ran.pod, ran.path, ran.error) == (package_version("lookahead-rollout"), "serving/chat-a-xyz",
+                                                            "/version", None)
+        ngram = {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5}
+        assert adapters.support_problems(d["spec"]["template"], "reference", ngram, True, ran) == []
+
+        d = _fleet(old.port, "vllm/vllm-openai:v0.33.0", "--report-version", "0.20.1")
+        ran = observe.running_version(_FleetPods(old.port), d, "vllm")
+        assert ran.text == "0.20.1" and ran.error is None
+        problems = adapters.support_problems(d["spec"]["template"], "vllm", ngram, True, ran)
+        assert problems and problems[0].startswith(
+            "vllm /version of pod serving/chat-a-xyz says 0.20.1; the image tag says 0.33.0; "
+            "spec.lookahead.engineVersion is not set: regime-aware promotion needs vLLM 0.24.0+"), problems
+    finally:
+        own.stop()
+        old.stop()

@@ -128,6 +128,8 @@ def test_command_line_as_documented():
     s = parse_args(["--speculative-config", '{"method":"jacobi","window":3,"ngram":4,"guess_set":2,'
                     '"prompt_lookup_tokens":24,"window_with_draft":false}'])
     assert s.speculative_config["prompt_lookup_tokens"] == 24 and s.speculative_config["window_with_draft"] is False
+    # GET /version's answer: the package's by default, another release when a test presents one
+    assert d.report_version is None and parse_args(["--report-version", "0.20.1"]).report_version == "0.20.1"
 
 
 @pytest.mark.parametrize("argv", [
@@ -142,6 +144,7 @@ def test_command_line_as_documented():
     ["--lookahead-max-batch-size", "-1"],
     ["--backend", "vllm"],
     ["--sim-config", "{}"],  # needs --backend simulate
+    ["--report-version", "latest"],
 ])
 def test_bad_command_lines_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as info:

@@ -1,6 +1,7 @@
 """The contract every registered engine adapter honours, checked on a minimal container of its
 engine (started by the adapter's own launcher, on an image whose name says nothing): detected as
-itself, canary and control renderings that round-trip, ``problems`` that agree with what
+itself, a canary that adds speculation and a control that is the fleet as it runs (its own
+speculation read back by ``existing``), ``problems`` that agree with what
 ``render_on`` refuses, a regime setting exactly when a regime is supported, complete metric
 names, and a checked version it accepts. A new engine gets these checks by its registry line."""
 
@@ -15,7 +16,7 @@ from lookahead_operator import engines
 from lookahead_operator.api import metric_names as api_metric_names
 from lookahead_operator.engines.argv import container_argv
 from lookahead_operator.engines.base import EngineAdapter, EngineSetup, Launcher, lookahead_params
-from lookahead_operator.engines.versions import engine_version, parse_version
+from lookahead_operator.engines.versions import RunningVersion, checked_version, engine_version, parse_version
 
 NGRAM = {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5}
 ARGS = ["--model", "m", "--port", "8000"]
@@ -51,6 +52,18 @@ def setup_of(a: EngineAdapter, c: dict, spec) -> EngineSetup:
                        container_argv(c, (a.detection.launcher,)))
 
 
+def running(a: EngineAdapter) -> RunningVersion:
+    """What a pod of ``a``'s engine at its checked version (ours: any release) says at its version endpoint."""
+    return RunningVersion(a.checked_version or "0.1.0", "serving/fleet-0", a.version_paths[0])
+
+
+def gate_setup(a: EngineAdapter, c: dict, spec) -> EngineSetup:
+    """The setup ``support_problems`` checks, with the running engine's version read."""
+    p = lookahead_params(spec)
+    return EngineSetup(c, None, p, checked_version(c, a.name, p, running(a), from_image_tag=a.version_from_image_tag),
+                       container_argv(c, (a.detection.launcher,)))
+
+
 def flags(argv: list[str]) -> set[str]:
     return {x.split("=", 1)[0] for x in argv if x.startswith("-")}
 
@@ -67,7 +80,7 @@ def test_the_registry_lists_each_adapter_once_under_its_name():
 @adapters()
 def test_adapter_is_a_complete_record(a):
     assert isinstance(a, EngineAdapter) and engines.adapter(a.name) is a
-    for fn in (a.problems, a.render_on, a.render_off, a.regime_config):
+    for fn in (a.problems, a.render_on, a.render_control, a.existing, a.regime_config):
         assert callable(fn)
     assert launch_forms(a.detection.launcher), "an adapter must say how its engine is launched"
 
@@ -87,35 +100,47 @@ def test_detected_as_itself_from_every_launch_form_plain_and_in_a_shell(a):
 
 
 @adapters()
-def test_render_on_then_off_round_trips_to_the_control(a):
+def test_canary_adds_speculation_and_the_control_is_the_fleet_as_it_runs(a):
     c = minimal(a)
     before = copy.deepcopy(c)
-    if not a.edits_command_line:
-        for render in (lambda: a.render_on(c, NGRAM), lambda: a.render_off(c)):
-            with pytest.raises(engines.EngineError):
-                render()
-        return
     on = a.render_on(c, NGRAM)
-    off = a.render_off(on)
-    assert c == before and on != c                          # pure: a new container, the input untouched
-    ours = flags(on["command"]) - flags(a.render_off(c)["command"])
+    off = a.render_control(c)
+    assert c == before and on != c and off is not c         # pure: a new container, the input untouched
+    ours = flags(on["command"]) - flags(off["command"])
     assert ours, "the canary must add speculation flags"
-    assert not ours & flags(off["command"]), "the control keeps none of the canary's speculation flags"
-    assert off == a.render_off(c)                           # the control from the canary = from the fleet
-    assert a.render_on(off, NGRAM) == on and a.render_on(on, NGRAM) == on and a.render_off(off) == off
+    assert a.existing(c) is None and a.existing(off) is None     # a fleet without speculation: a control without
+    assert a.existing(on).method == "ngram"                      # the canary's method, read back
+    # a fleet already running the canary's config: its control runs it too, and the canary is unchanged
+    assert a.existing(a.render_control(on)).method == "ngram" and a.render_on(on, NGRAM) == on
+    assert a.render_control(off) == off                     # idempotent
+    assert set(flags(off["command"])) - set(flags(c["command"])) <= {"--enable-metrics"}, \
+        "the control adds nothing but what measuring needs"
     assert engines.detect_container_engine(on) == engines.detect_container_engine(off) == a.name
     assert on["command"][:len(c["command"]) - len(ARGS)] == c["command"][:len(c["command"]) - len(ARGS)]
 
 
-EDITS_COMMAND_LINE = [a for a in ADAPTERS if a.edits_command_line]   # TensorRT-LLM is configured by a file
+@adapters()
+def test_a_different_existing_method_is_refused_unless_replace_existing(a):
+    other = "jacobi" if a.name == "reference" else None
+    other_spec = {**NGRAM, "method": other} if other else None
+    fleet = a.render_on(minimal(a), NGRAM)                    # a fleet on ngram
+    candidates = [m for m in engines.METHODS if m != "ngram" and not a.problems(setup_of(a, fleet, {
+        **NGRAM, "method": m, "replaceExisting": True}), False)]
+    if not candidates:
+        return                                                # this engine runs one method only
+    spec = other_spec or {**NGRAM, "method": candidates[0]}
+    problems = a.problems(setup_of(a, fleet, spec), False)
+    assert any("the fleet runs n-gram" in m and "spec.lookahead.replaceExisting: true" in m for m in problems)
+    replaced = a.render_on(fleet, {**spec, "replaceExisting": True})
+    assert a.existing(replaced).method == spec["method"] and a.existing(a.render_control(fleet)).method == "ngram"
 
 
-@pytest.mark.parametrize("a", EDITS_COMMAND_LINE, ids=[a.name for a in EDITS_COMMAND_LINE])
+@adapters()
 def test_a_shell_form_renders_the_same_arguments_as_the_plain_form(a):
     c = minimal(a)
     launch = len(c["command"]) - len(ARGS)
     for plain, sh in ((a.render_on(c, NGRAM), a.render_on(shell_form(c), NGRAM)),
-                      (a.render_off(c), a.render_off(shell_form(c)))):
+                      (a.render_control(c), a.render_control(shell_form(c)))):
         script = shlex.split(sh["command"][2])
         assert script[:-3] == plain["command"] and script[-3:] == ["2>&1", "|", "cat"]
         assert container_argv(sh, (a.detection.launcher,)) == plain["command"][launch:]
@@ -128,12 +153,10 @@ def test_problems_are_strings_and_agree_with_what_render_on_refuses(a, regime):
     refused, accepted = [], []
     for method in engines.METHODS:
         spec = {**NGRAM, "method": method}
-        problems = a.problems(setup_of(a, c, spec), regime is not None)
+        problems = a.problems(gate_setup(a, c, spec), regime is not None)
         assert isinstance(problems, list) and all(isinstance(m, str) and m for m in problems)
         (refused if problems else accepted).append(method)
-        assert engines.support_problems(c, a.name, spec, regime is not None) == problems
-        if not a.edits_command_line:
-            continue
+        assert engines.support_problems(c, a.name, spec, regime is not None, running(a)) == problems
         if problems:
             with pytest.raises(engines.EngineError) as exc:
                 a.render_on(c, spec, regime)
@@ -175,11 +198,40 @@ def test_the_checked_version_is_accepted(a):
     if not a.version_from_image_tag:
         assert a.checked_version is None
         # what support_problems reads for it: its tag is not its version (the adapter says so)
-        assert engines.support_problems(minimal(a, tag="9.9.9"), a.name, NGRAM, False) == []
+        assert engines.support_problems(minimal(a, tag="9.9.9"), a.name, NGRAM, False, running(a)) == []
         assert setup_of(a, minimal(a, tag="9.9.9"), NGRAM).version.version is None
         return
     version = parse_version(a.checked_version)
     assert version is not None
     c = minimal(a, tag=f"v{a.checked_version}")
     assert setup_of(a, c, NGRAM).version.version == version
-    assert engines.support_problems({"spec": {"containers": [c]}}, None, NGRAM, False) == []
+    assert engines.support_problems({"spec": {"containers": [c]}}, None, NGRAM, False, running(a)) == []
+    # the user's statement, with no running version read, is taken too
+    assert engines.support_problems({"spec": {"containers": [c]}}, None, {**NGRAM, "engineVersion": a.checked_version},
+                                    False) == []
+
+
+@adapters()
+def test_the_version_endpoints_are_declared_and_their_answers_read(a):
+    assert a.version_paths and all(path.startswith("/") for path in a.version_paths)
+    answer = {"version": a.checked_version or "0.1.0", "model_path": "m"}
+    for path in a.version_paths:
+        assert engines.version_from_answer(a.name, path, answer) == answer["version"]
+        for bad in ({}, {"version": None}, {"version": "latest"}, ["0.1.0"], "0.1.0"):
+            with pytest.raises(engines.EngineError, match="version"):
+                engines.version_from_answer(a.name, path, bad)
+
+
+@adapters()
+def test_a_version_in_doubt_proves_nothing_and_the_refusal_says_why(a):
+    """No running version read and only a tag: every feature this adapter gates on a version is
+    refused with the reason; the same fleet with its running version read is not."""
+    c = minimal(a, tag=f"v{a.checked_version or '9.9.9'}")
+    for method in engines.METHODS:
+        for regime in (False, True):
+            spec = {**NGRAM, "method": method}
+            proven = engines.support_problems(c, a.name, spec, regime, running(a))
+            unread = engines.support_problems(c, a.name, spec, regime)
+            extra = [m for m in unread if m not in proven]
+            assert all("could not be read from the running engine (no running pod was read)" in m
+                       and "a tag alone is not proof" in m and "spec.lookahead.engineVersion" in m for m in extra), extra

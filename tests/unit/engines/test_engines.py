@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from lookahead_operator import engines
 from lookahead_operator.engines import shell
@@ -18,13 +17,17 @@ from lookahead_operator.engines import (
     EngineError,
     detect_engine,
     metric_names,
+    render_control,
     render_lookahead,
-    render_off,
 )
 
 JACOBI = {"method": "jacobi", "window": 7, "ngram": 5, "guessSet": 7}
 NGRAM = {"method": "ngram", "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5}
 NGRAM_CFG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+REPLACE = {**NGRAM, "replaceExisting": True}   # the candidate may replace a different method the fleet runs
+# what a ready fleet pod's version endpoint said (observe.running_version reads it)
+RUN_VLLM = engines.RunningVersion("0.33.0", "serving/llama-0", "/version")
+RUN_SGLANG = engines.RunningVersion("0.5.23", "serving/qwen-0", "/server_info")
 
 
 def vllm_container(**kw):
@@ -44,11 +47,6 @@ def sglang_container(image="lmsysorg/sglang:v0.5.23-cu126", extra=()):
     return {"name": "sglang", "image": image,
             "command": ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B", "--port", "30000",
                         *extra]}
-
-
-def trtllm_container(image="nvcr.io/nvidia/tensorrt-llm/release:1.2.1", extra=()):
-    return {"name": "trt", "image": image,
-            "command": ["trtllm-serve", "serve", "Qwen/Qwen3-8B", "--port", "8000", "--max_batch_size", "64", *extra]}
 
 
 def template(*containers, volumes=None):
@@ -75,8 +73,6 @@ def test_detect_engine_from_image_command_args():
     assert detect_engine(template(vllm_container())) == "vllm"
     assert detect_engine(template(sglang_container())) == "sglang"
     assert detect_engine(template(ref_container())) == "reference"
-    assert detect_engine(template(trtllm_container())) == "trtllm"
-    assert detect_engine(template({"name": "t", "image": "acme/serve:1", "command": ["trtllm-serve", "m"]})) == "trtllm"
     # vLLM by command on a generic image
     assert detect_engine(template({"name": "c", "image": "ghcr.io/acme/serve:1",
                                    "command": ["vllm", "serve", "m"]})) == "vllm"
@@ -110,8 +106,9 @@ def test_image_version(image, version):
 def test_engine_version_sources():
     v = engines.engine_version(vllm_container(image="vllm/vllm-openai:v0.11.0"), "vllm")
     assert v.version == (0, 11, 0) and v.source == "image tag" and "0.11.0" in v.describe()
+    # a renderer's version (after the gate read the running engine): an unknown one renders for the current release
     v = engines.engine_version(vllm_container(image="vllm/vllm-openai:latest"), "vllm")
-    assert v.version is None and v.at_least((9, 0, 0)) and "assumed current" in v.describe()
+    assert v.version is None and v.at_least((9, 0, 0)) and "version unknown" in v.describe()
     v = engines.engine_version(vllm_container(image="acme/x:latest"), "vllm", {**NGRAM, "engineVersion": "0.23.1"})
     assert v.version == (0, 23, 1) and v.source == "spec.lookahead.engineVersion"
     with pytest.raises(EngineError):
@@ -140,17 +137,17 @@ def test_vllm_ngram_renders_and_does_not_mutate():
     ["--spec-method", "eagle", "--spec-tokens", "3"],
     ["--spec_method=ngram", "--spec-tokens=3", "--spec-model", "x"],
 ])
-def test_vllm_every_spelling_is_replaced_in_canary_and_stripped_in_control(existing):
+def test_vllm_every_spelling_is_replaced_in_canary_and_kept_in_control(existing):
     c = vllm_container(args=["--model", "m"] + existing + ["--port", "8000"])
-    out = render_lookahead(c, NGRAM)
+    out = render_lookahead(c, REPLACE)
     argv = out["args"]
     assert spec_of(argv) == NGRAM_CFG                          # one spelling, ours, nothing of eagle's left
     assert engines.vllm_existing_speculation(argv) == NGRAM_CFG
     assert argv[:2] == ["--model", "m"] and argv[-2:] == ["--port", "8000"]
-    assert render_lookahead(out, NGRAM) == out                 # idempotent
-    off = render_off(c)["args"]
-    assert off == ["--model", "m", "--port", "8000"]
-    assert engines.vllm_existing_speculation(off) is None
+    assert render_lookahead(out, REPLACE) == out               # idempotent
+    assert render_control(c) == c and render_control(c) is not c   # the fleet as it runs
+    # read as the fleet's method; a config naming no method nor draft model runs nothing in vLLM
+    assert (engines.existing_method(c) is None) == (existing == ["--speculative_config.num_speculative_tokens=3"])
 
 
 def test_vllm_canary_merges_into_the_fleets_ngram_config():
@@ -192,7 +189,8 @@ def test_vllm_refuses_regime_with_data_parallel(dp):
                                     ("latest", True)])
 def test_vllm_per_batch_schedule_needs_0_24(tag, ok):
     c = vllm_container(image=f"vllm/vllm-openai:{tag}")
-    problems = engines.support_problems(template(c), None, NGRAM, True)
+    ran = engines.RunningVersion("0.33.0" if tag == "latest" else tag.lstrip("v"), "serving/llama-0", "/version")
+    problems = engines.support_problems(template(c), None, NGRAM, True, ran)
     assert (problems == []) is ok, problems
     if not ok:
         assert "0.24.0" in problems[0] and tag.lstrip("v") in problems[0]
@@ -222,58 +220,132 @@ def test_vllm_rejects_jacobi_clearly():
         render_lookahead(vllm_container(), JACOBI)
 
 
-def test_vllm_off_strips_both_forms():
-    c = vllm_container(args=["--model", "m", "--speculative-config", "{}", "--speculative-config={}", "--port", "1"])
-    assert render_off(c)["args"] == ["--model", "m", "--port", "1"]
+@pytest.mark.parametrize("args,method", [
+    (["--speculative-config", '{"method":"eagle3","model":"x/EAGLE3-8B","num_speculative_tokens":3}'], "eagle3"),
+    (["-sc", '{"method":"eagle","model":"d"}'], "eagle"),
+    (["--speculative-config", '{"method":"qwen3_next_mtp","num_speculative_tokens":2}'], "mtp"),
+    (["--speculative-config", '{"method":"mtp","num_speculative_tokens":1}'], "mtp"),
+    (["--speculative-config", '{"model":"yuhuili/EAGLE-LLaMA3-Instruct-8B"}'], "eagle"),
+    (["--speculative-config", '{"model":"AngelSlim/Qwen3-8B_eagle3"}'], "eagle3"),
+    (["--speculative-config", '{"model":"Qwen/Qwen3-0.6B","num_speculative_tokens":4}'], "draft_model"),
+    (["--speculative-config", '{"method":"draft_model","model":"Qwen/Qwen3-0.6B"}'], "draft_model"),
+    (["--speculative-config", '{"model":"[ngram]","num_speculative_tokens":4}'], "ngram"),
+    (["--speculative-config", '{"method":"suffix"}'], "suffix"),
+    (["--spec-method", "eagle3", "--spec-model", "d"], "eagle3"),
+    (["--speculative-config.method=ngram_gpu"], "ngram_gpu"),
+    ([], "none"),
+])
+def test_vllm_reads_the_fleets_existing_method(args, method):
+    got = engines.existing_method(vllm_container(args=["m", *args]))
+    if method == "none":
+        assert got is None
+        return
+    assert got is not None and got.method == method
+    assert got.source.startswith("vllm -")
+
+
+def test_a_method_set_from_a_shell_expansion_counts_as_another_method():
+    c = {"name": "v", "image": "vllm/vllm-openai:v0.33.0",
+         "command": ["sh", "-c", 'exec vllm serve m --speculative-config "$SPEC"']}
+    got = engines.existing_method(c)
+    assert got is not None and got.method is None
+    assert any("cannot read" in m and "replaceExisting" in m for m in engines.support_problems(c, None, NGRAM, False))
+    s = {"name": "s", "image": "lmsysorg/sglang:v0.5.23",
+         "command": ["sh", "-c", "python3 -m sglang.launch_server --model-path m --speculative-algorithm $ALGO"]}
+    assert engines.existing_method(s).method is None
+
+
+def test_vllm_a_different_method_is_refused_without_replace_existing_naming_it():
+    c = vllm_container(args=["m", "--speculative-config",
+                             '{"method":"eagle3","model":"x/EAGLE3-8B","num_speculative_tokens":3}'])
+    want = ("the fleet runs EAGLE-3 (vllm --speculative-config method eagle3); the candidate ngram would replace it: "
+            "set spec.lookahead.replaceExisting: true")
+    problems = engines.support_problems(template(c), None, NGRAM, False)
+    assert len(problems) == 1 and problems[0].startswith(want), problems
+    with pytest.raises(EngineError, match="replaceExisting"):
+        render_lookahead(c, NGRAM)
+    assert engines.support_problems(template(c), None, REPLACE, True, RUN_VLLM) == []
+    # replaced: n-gram alone (no EAGLE key left), the regime's schedule on it
+    cfg = spec_of(render_lookahead(c, REPLACE, regime=8)["args"])
+    assert cfg == {**NGRAM_CFG, "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 1024, 0]]}
+    assert render_control(c) == c
+
+
+def test_vllm_same_method_is_the_spec_on_top_of_the_fleets_config():
+    c = vllm_container(args=["m", "--max-num-seqs", "32", "--speculative-config",
+                             '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":3,'
+                             '"disable_padded_drafter_batch":true}'])
+    assert engines.support_problems(template(c), None, NGRAM, True, RUN_VLLM) == []   # no replaceExisting needed
+    cfg = spec_of(render_lookahead(c, NGRAM, regime=4)["args"])
+    assert cfg == {**NGRAM_CFG, "disable_padded_drafter_batch": True,
+                   "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 32, 0]]}
 
 
 def test_vllm_in_shell_script():
     c = {"name": "v", "image": "vllm/vllm-openai", "command": ["sh", "-c"],
          "args": ["exec vllm serve m --max-num-seqs 16 --speculative-config '{\"method\":\"eagle\"}'"]}
-    out = render_lookahead(c, NGRAM, regime=2)
+    out = render_lookahead(c, REPLACE, regime=2)
     argv = shlex.split(out["args"][0])
     assert argv[:3] == ["exec", "vllm", "serve"]
     assert spec_of(argv)["num_speculative_tokens_per_batch_size"] == [[1, 2, 4], [3, 16, 0]]
-    assert "--speculative-config" not in shlex.split(render_off(out)["args"][0])
+    assert engines.existing_method(c).method == "eagle" and engines.existing_method(out).method == "ngram"
 
 
 # --- SGLang ------------------------------------------------------------------------------------
 
-def test_sglang_current_flags_and_equal_roles():
+def test_sglang_canary_replaces_eagle_and_the_control_keeps_it():
     c = sglang_container(extra=["--speculative-ngram-min-match-window-size", "1",
                                 "--speculative-ngram-max-match-window-size", "12", "--enable-mixed-chunk",
                                 "--speculative-algorithm=EAGLE", "--speculative-use-rejection-sampling"])
-    can = render_lookahead(c, NGRAM)["command"]
-    ctl = render_off(c)["command"]
+    assert engines.existing_method(c).method == "eagle"
+    with pytest.raises(EngineError, match="the fleet runs EAGLE \\(sglang --speculative-algorithm EAGLE\\)"):
+        render_lookahead(c, NGRAM)
+    can = render_lookahead(c, REPLACE)["command"]
+    ctl = render_control(c)["command"]
     assert flag(can, "--speculative-algorithm") == "NGRAM" and can.count("--speculative-algorithm") == 1
     assert flag(can, "--speculative-num-draft-tokens") == "5"           # K drafts + the root token
     assert not any("match-window" in a or "max-batch-size" in a for a in can)
     assert "--speculative-use-rejection-sampling" not in can
-    for argv in (can, ctl):
-        assert "--enable-metrics" in argv and "--enable-mixed-chunk" not in argv
-        assert flag(argv, "--max-running-requests") == "48"
-        assert "--disable-overlap-schedule" not in argv                  # CUDA on 0.5.23: not forced
-    assert not any(a.startswith("--speculative") for a in ctl)
-    assert [a for a in can if not a.startswith("--speculative") and a not in ("NGRAM", "5")] == ctl
-    assert render_lookahead(render_lookahead(c, NGRAM), NGRAM) == render_lookahead(c, NGRAM)
+    assert "--enable-mixed-chunk" not in can and flag(can, "--max-running-requests") == "48"
+    assert "--disable-overlap-schedule" not in can                       # CUDA on 0.5.23: not forced
+    # the control is the fleet as it runs, measurable: only --enable-metrics added
+    assert ctl == c["command"] + ["--enable-metrics"] and "--enable-metrics" in can
+    assert render_lookahead(render_lookahead(c, REPLACE), REPLACE) == render_lookahead(c, REPLACE)
 
 
-def test_sglang_keeps_the_fleets_max_running_requests_on_both_roles():
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"])
+def test_sglang_reads_the_fleets_algorithm(algorithm):
+    got = engines.existing_method(sglang_container(extra=["--speculative-algorithm", algorithm]))
+    assert got.method == algorithm.lower() and got.source == f"sglang --speculative-algorithm {algorithm}"
+    assert engines.existing_method(sglang_container()) is None
+
+
+def test_sglang_same_method_keeps_the_fleets_other_ngram_flags():
+    c = sglang_container(extra=["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "9",
+                                "--speculative-ngram-max-bfs-breadth", "4"])
+    assert engines.support_problems(template(c), None, NGRAM, False, RUN_SGLANG) == []
+    can = render_lookahead(c, NGRAM)["command"]
+    assert flag(can, "--speculative-num-draft-tokens") == "5" and can.count("--speculative-num-draft-tokens") == 1
+    assert flag(can, "--speculative-ngram-max-bfs-breadth") == "4" and can.count("--speculative-algorithm") == 1
+
+
+def test_sglang_keeps_the_fleets_max_running_requests():
     c = sglang_container(extra=["--max-running-requests", "128", "--enable-metrics"])
-    for argv in (render_lookahead(c, NGRAM)["command"], render_off(c)["command"]):
+    for argv in (render_lookahead(c, NGRAM)["command"], render_control(c)["command"]):
         assert flag(argv, "--max-running-requests") == "128" and argv.count("--enable-metrics") == 1
+    assert render_control(c) == c
 
 
 def test_sglang_older_versions():
     c = sglang_container(image="lmsysorg/sglang:v0.5.9-cu126")
-    can, ctl = render_lookahead(c, NGRAM)["command"], render_off(c)["command"]
+    can, ctl = render_lookahead(c, NGRAM)["command"], render_control(c)["command"]
     assert flag(can, "--speculative-ngram-min-match-window-size") == "2"
     assert flag(can, "--speculative-ngram-max-match-window-size") == "5"
-    assert "--disable-overlap-schedule" in can and "--disable-overlap-schedule" in ctl   # forced up to 0.5.12
+    assert "--disable-overlap-schedule" in can and "--disable-overlap-schedule" not in ctl   # NGRAM forces it to 0.5.12
     with pytest.raises(EngineError, match="NGRAM"):
         render_lookahead(sglang_container(image="lmsysorg/sglang:v0.5.2"), NGRAM)
     cpu = sglang_container(extra=["--device", "cpu"])
-    assert "--disable-overlap-schedule" in render_off(cpu)["command"]
+    assert "--disable-overlap-schedule" in render_lookahead(cpu, NGRAM)["command"]
     assert engines.support_problems(sglang_container("lmsysorg/sglang:v0.5.14", ["--device", "cpu"]), None, NGRAM, False)
 
 
@@ -289,62 +361,25 @@ def test_sglang_refusals():
         engines.regime_config("sglang", NGRAM, 4)
 
 
-# --- TensorRT-LLM ------------------------------------------------------------------------------
+# --- TensorRT-LLM: recognised only to be refused ---------------------------------------------
 
-def test_trtllm_role_configs_differ_only_in_speculation():
-    c = trtllm_container()
-    can = engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="p-canary-trtllm", namespace="ns")
-    ctl = engines.trtllm_role_config(c, NGRAM, "control", config_map_name="p-control-trtllm", namespace="ns")
-    assert can.options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4,
-                                                 "max_matching_ngram_size": 5}
-    assert {k: v for k, v in can.options.items() if k != "speculative_config"} == ctl.options
-    data = yaml.safe_load(can.config_map["data"][engines.TRTLLM_OPTIONS_KEY])
-    assert data == can.options and can.config_map["metadata"] == {"name": "p-canary-trtllm", "namespace": "ns"}
-    argv = can.container["command"]
-    assert flag(argv, "--extra_llm_api_options") == f"{engines.TRTLLM_MOUNT_DIR}/{engines.TRTLLM_OPTIONS_KEY}"
-    assert argv[:3] == ["trtllm-serve", "serve", "Qwen/Qwen3-8B"]
-    assert can.container["volumeMounts"] == [{"name": engines.TRTLLM_VOLUME, "mountPath": engines.TRTLLM_MOUNT_DIR,
-                                              "readOnly": True}]
-    assert can.volume == {"name": engines.TRTLLM_VOLUME, "configMap": {"name": "p-canary-trtllm"}}
-    pod = can.apply_to_pod_spec(template(c)["spec"])
-    assert pod["containers"][0] == can.container and pod["volumes"] == [can.volume]
-    promote = engines.trtllm_role_config(c, NGRAM, "promote", config_map_name="x", regime=8)
-    assert promote.options["speculative_config"]["max_concurrency"] == 8
-    jac = engines.trtllm_role_config(trtllm_container(extra=["--backend", "tensorrt"]), JACOBI, "canary",
-                                     config_map_name="x")
-    assert jac.options["speculative_config"] == {"decoding_type": "Lookahead", "max_window_size": 7,
-                                                 "max_ngram_size": 5, "max_verification_set_size": 7}
-
-
-def test_trtllm_carries_the_fleets_own_options():
-    base = "kv_cache_config:\n  free_gpu_memory_fraction: 0.8\nspeculative_config:\n  decoding_type: Eagle\n"
-    vols = [{"name": "opts", "configMap": {"name": "fleet-trt"}}]
-    c = trtllm_container(extra=["--config", "/etc/trt/opts.yaml"])
-    c["volumeMounts"] = [{"name": "opts", "mountPath": "/etc/trt"}]
-    assert engines.trtllm_options_source(template(c, volumes=vols), c) == ("fleet-trt", "opts.yaml")
-    with pytest.raises(EngineError, match="cannot read files inside the image"):
-        engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="x")
-    can = engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="x", base_options=base)
-    ctl = engines.trtllm_role_config(c, NGRAM, "control", config_map_name="y", base_options=base)
-    assert ctl.options == {"kv_cache_config": {"free_gpu_memory_fraction": 0.8}}
-    assert can.options["kv_cache_config"] == ctl.options["kv_cache_config"]
-    assert can.options["speculative_config"]["decoding_type"] == "NGram"
-    assert "--config" not in can.container["command"]
-    assert engines.support_problems(template(c, volumes=vols), None, NGRAM, False) == []
-    c2 = trtllm_container(extra=["--extra_llm_api_options", "/opt/baked.yaml"])
-    assert any("not mounted from a ConfigMap" in m for m in engines.support_problems(template(c2), None, NGRAM, False))
-
-
-def test_trtllm_refusals_and_plain_render():
-    with pytest.raises(EngineError, match="trtllm_role_config"):
-        render_lookahead(trtllm_container(), NGRAM)
-    with pytest.raises(EngineError, match="trtllm_role_config"):
-        render_off(trtllm_container())
-    assert engines.support_problems(trtllm_container(), None, NGRAM, True) == []
-    assert engines.support_problems(trtllm_container(), None, JACOBI, False)             # pytorch backend
-    assert engines.support_problems(trtllm_container("nvcr.io/nvidia/tensorrt-llm/release:1.0.0"), None, NGRAM, True)
-    assert engines.support_problems(trtllm_container("nvcr.io/nvidia/tensorrt-llm/release:0.21.0"), None, NGRAM, False)
-    assert engines.regime_config("trtllm", NGRAM, 4)["speculative_config"]["max_concurrency"] == 4
+@pytest.mark.parametrize("container", [
+    {"name": "trt", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
+     "command": ["trtllm-serve", "serve", "Qwen/Qwen3-8B", "--port", "8000"]},
+    {"name": "trt", "image": "acme/serve:1", "command": ["sh", "-c", "trtllm-serve $MODEL --port 8000"]},
+])
+def test_tensorrt_llm_is_refused_by_name(container):
+    assert engines.detect_container_engine(container) is None and detect_engine(template(container)) is None
+    assert "trtllm" not in engines.ENGINES
+    # engine auto; and the "reference" the operator falls back to when nothing was detected
+    for engine in (None, "auto", "reference", "vllm"):
+        problems = engines.support_problems(template({"name": "proxy", "image": "envoy:1"}, container), engine,
+                                            NGRAM, False)
+        assert len(problems) == 1 and problems[0].startswith("TensorRT-LLM is not supported yet: "), problems
+    assert engines.support_problems(container, "reference", NGRAM, False)[0].startswith("TensorRT-LLM")
+    from lookahead_operator.api.spec import LookaheadPolicySpec
+    with pytest.raises(ValueError, match="engine"):
+        LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"a": "b"}}}, "engine": "trtllm"})
 
 
 # --- reference ---------------------------------------------------------------------------------
@@ -358,7 +393,16 @@ def test_reference_jacobi_with_batch_cap_and_off():
     out2 = render_lookahead(out, {**JACOBI, "window": 5})
     assert spec_of(out2["command"])["window"] == 5
     assert "--lookahead-max-batch-size" not in out2["command"]
-    assert render_off(out)["command"] == ref_container()["command"]
+    assert render_control(out) == out                              # the control is the fleet as it runs
+
+
+def test_reference_existing_method_and_replacement():
+    jac = render_lookahead(ref_container(), JACOBI)
+    assert engines.existing_method(jac).method == "jacobi"
+    assert engines.existing_method(ref_container()) is None
+    with pytest.raises(EngineError, match="the fleet runs Jacobi lookahead .*replaceExisting"):
+        render_lookahead(jac, NGRAM)
+    assert spec_of(render_lookahead(jac, REPLACE)["command"])["method"] == "ngram"
 
 
 def test_reference_ngram():
@@ -422,9 +466,6 @@ def test_metric_names():
     assert s.drafts == "sglang:spec_verify_calls_total" and s.generation_tokens_finish_only
     assert s.live_generation_tokens == "sglang:realtime_tokens_total" and dict(s.live_generation_tokens_match) == {
         "mode": "decode"}
-    t = metric_names("trtllm")
-    assert t.generation_tokens == "trtllm_generation_tokens_total"
-    assert t.accepted_tokens == "trtllm_spec_decode_num_accepted_tokens_total"
     assert all(not x.startswith("vllm:time_per_output_token") for x in v.histograms().values())
     with pytest.raises(EngineError):
         metric_names("tgi")
@@ -469,11 +510,11 @@ _STANDIN = textwrap.dedent("""\
 
 @pytest.fixture
 def standins(tmp_path):
-    """A bin dir with stand-in ``vllm``, ``trtllm-serve`` and ``lookahead-engine`` executables and a
+    """A bin dir with stand-in ``vllm`` and ``lookahead-engine`` executables and a
     ``sglang.launch_server`` / ``lookahead_canary.server`` module that record their argv."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    for name in ("vllm", "trtllm-serve", "lookahead-engine"):
+    for name in ("vllm", "lookahead-engine"):
         p = bindir / name
         p.write_text(_STANDIN.format(python=sys.executable))
         p.chmod(p.stat().st_mode | stat.S_IEXEC)
@@ -527,9 +568,9 @@ def test_shell_form_edits_the_engine_command_under_real_sh(engine, script, stand
     c = {"name": "engine", "image": {"vllm": "vllm/vllm-openai:v0.33.0", "sglang": "lmsysorg/sglang:v0.5.23",
                                      "reference": "python:3.11"}[engine],
          "command": ["/bin/sh", "-c", script]}
-    spec = NGRAM if engine != "reference" else JACOBI
+    spec = REPLACE if engine != "reference" else JACOBI
     canary = render_lookahead(c, spec)
-    control = render_off(c)
+    control = render_control(c)
     regime = render_lookahead(c, spec, 4) if engine != "sglang" else None
     orig_calls, orig_out = run_sh(c, standins)
     assert len(orig_calls) == 1
@@ -537,7 +578,7 @@ def test_shell_form_edits_the_engine_command_under_real_sh(engine, script, stand
     # the expected argv: the adapters' edit applied to what sh gave the engine for the original script
     expect_container = {"name": "engine", "image": c["image"], "args": orig}
     for rendered, want in ((canary, render_lookahead(expect_container, spec, engine=engine)),
-                           (control, render_off(expect_container, engine=engine))) + \
+                           (control, render_control(expect_container, engine=engine))) + \
             (((regime, render_lookahead(expect_container, spec, 4, engine=engine)),) if regime else ()):
         calls, out = run_sh(rendered, standins)
         assert calls == [want["args"]], (rendered["command"][2], calls, want["args"])
@@ -549,7 +590,8 @@ def test_shell_form_edits_the_engine_command_under_real_sh(engine, script, stand
     if "$MODEL" in script:
         assert "$MODEL" in canary["command"][2] or "${MODEL}" in canary["command"][2]
     if engine == "vllm":
-        assert engines.vllm_existing_speculation(run_sh(control, standins)[0][0]) is None
+        assert engines.vllm_existing_speculation(run_sh(control, standins)[0][0]) == \
+            engines.vllm_existing_speculation(orig)              # the control keeps the fleet's speculation
         assert spec_of(run_sh(canary, standins)[0][0]) == NGRAM_CFG
 
 
@@ -563,16 +605,7 @@ def test_shell_form_the_issue_example_exactly(standins):
     calls, _ = run_sh({**c, "command": ["/bin/sh", "-c", out]}, standins)
     assert calls == [["vllm", "serve", "org/my", "model", "--port", "8000", "--speculative-config",
                       json.dumps(NGRAM_CFG, separators=(",", ":"))]]
-    assert render_off(c)["command"] == c["command"]
-
-
-def test_shell_form_trtllm_flag_lands_on_trtllm_serve(standins):
-    c = {"name": "trt", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.2.1",
-         "command": ["bash", "-c", "trtllm-serve $MODEL --port 8000 | tee /dev/null"]}
-    cfg = engines.trtllm_role_config(c, NGRAM, "canary", config_map_name="x")
-    calls, _ = run_sh(cfg.container, standins)
-    assert calls == [["trtllm-serve", "org/my", "model", "--port", "8000", "--extra_llm_api_options",
-                      f"{engines.TRTLLM_MOUNT_DIR}/{engines.TRTLLM_OPTIONS_KEY}"]]
+    assert render_control(c) == c
 
 
 @pytest.mark.parametrize("script,why", [
@@ -586,7 +619,7 @@ def test_shell_form_trtllm_flag_lands_on_trtllm_serve(standins):
 ])
 def test_shell_form_too_complex_is_refused_naming_the_container(script, why):
     c = {"name": "engine-0", "image": "vllm/vllm-openai:v0.33.0", "command": ["sh", "-c", script]}
-    for fn in (lambda: render_lookahead(c, NGRAM), lambda: render_off(c)):
+    for fn in (lambda: render_lookahead(c, NGRAM),):
         with pytest.raises(EngineError, match=why) as exc:
             fn()
         assert "'engine-0'" in str(exc.value)
