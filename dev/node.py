@@ -73,6 +73,11 @@ SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/
 CLUSTER_DOMAIN = "cluster.local"
 IPTABLES_HINT = "kube-proxy needs iptables: `apt-get install iptables` (`make deps` does it)"
 CGROUP_FS = Path("/sys/fs/cgroup")
+#: The accelerators the node advertises, as a GPU node's device plugin would: extended resources
+#: the scheduler counts (Kubernetes' "Advertise Extended Resources for a Node": a capacity patch on
+#: the Node's status, which the kubelet keeps). One eight-GPU machine: a fleet that requests them
+#: all leaves no room, as a production pool has none.
+EXTENDED_RESOURCES = {"nvidia.com/gpu": 8}
 
 
 class DevNodeError(DevClusterError):
@@ -245,7 +250,8 @@ class DevNode:
 
     def __init__(self, cluster: DevCluster, *, name: str | None = None, state_dir: str | os.PathLike[str] | None = None,
                  subnet: str | None = None, bridge: str | None = None, images: Sequence[str | os.PathLike[str]] = (),
-                 start_timeout: float = 120.0, scheduler: bool = True):
+                 start_timeout: float = 120.0, scheduler: bool = True,
+                 extended_resources: dict[str, int] | None = None):
         suffix = uuid.uuid4().hex[:6]
         self.cluster = cluster
         self.name = name or f"lookahead-node-{suffix}"
@@ -259,6 +265,7 @@ class DevNode:
         self.images = [Path(p) for p in images]
         self.start_timeout = start_timeout
         self.run_scheduler = scheduler
+        self.extended_resources = dict(EXTENDED_RESOURCES if extended_resources is None else extended_resources)
         self.logs = self.state_dir / "logs"
         self.containerd_sock = self.state_dir / "containerd" / "containerd.sock"
         self.kubelet_root = self.state_dir / "kubelet"
@@ -361,6 +368,7 @@ class DevNode:
                 self._start_scheduler(bins["kube-scheduler"])
             self._start_services(bins["kube-proxy"], bins["coredns"])
             self._start_kubelet(bins["kubelet"])
+            self._advertise(self.extended_resources)
             self._wait_services()
         except BaseException:
             self.stop()
@@ -641,6 +649,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         finally:
             api.close()
         self.timings["kubelet_ready"] = time.monotonic() - t0
+
+    def _advertise(self, resources: dict[str, int]) -> None:
+        """Add ``resources`` to the Node's capacity (a JSON patch of its status; ``/`` in a name is
+        ``~1``) and wait until its allocatable shows them: what the scheduler counts."""
+        if not resources:
+            return
+        from kubernetes import client
+
+        api = self.cluster.api_client()
+        try:
+            core = client.CoreV1Api(api)
+            core.patch_node_status(self.name, [
+                {"op": "add", "path": "/status/capacity/" + name.replace("~", "~0").replace("/", "~1"),
+                 "value": str(count)} for name, count in resources.items()])
+
+            def shown() -> bool:
+                allocatable = core.read_node(self.name).status.allocatable or {}
+                return all(allocatable.get(name) == str(count) for name, count in resources.items())
+
+            wait_for(shown, 30, f"Node {self.name} to advertise {resources}", interval=0.2)
+        finally:
+            api.close()
 
     # Services and DNS ----------------------------------------------------------------------
     def _start_services(self, kube_proxy: Path, coredns: Path) -> None:

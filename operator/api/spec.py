@@ -186,7 +186,6 @@ class Engine(StrEnum):
     auto = "auto"
     vllm = "vllm"
     sglang = "sglang"
-    trtllm = "trtllm"
     reference = "reference"
 
 
@@ -206,11 +205,15 @@ class LookaheadConfig(ApiModel):
 
     ``jacobi``: Jacobi lookahead decoding (Fu et al. 2024) with window W, n-gram size N and
     guess-set size G; it verifies ``1 + (W + G)(N - 1)`` tokens per step. The reference engine
-    implements it (and TensorRT-LLM's ``Lookahead`` decoding on its TensorRT backend). ``ngram``:
-    prompt-lookup speculation (vLLM ``method: ngram``, SGLang ``NGRAM``, TensorRT-LLM ``NGram``)
+    implements it. ``ngram``: prompt-lookup speculation (vLLM ``method: ngram``, SGLang ``NGRAM``)
     with ``numSpeculativeTokens`` drafts from n-grams of ``promptLookupMin`` to ``promptLookupMax``
     tokens; ``ngram_gpu`` and ``suffix`` are vLLM's other draft-free methods. What each engine
     version supports: ``docs/engines.md``.
+
+    The control runs the fleet's engine as it is, its own speculation included; the canary is the
+    fleet plus this. A fleet already on the same method keeps its other settings of it in the
+    canary; a fleet on a different one (EAGLE-3, MTP, a draft model) is refused unless
+    ``replaceExisting`` is true.
     """
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
@@ -235,8 +238,16 @@ class LookaheadConfig(ApiModel):
                     "output repeats the input.")
     engine_version: str | None = Field(
         default=None, max_length=64, pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([-.+_a-zA-Z0-9]*)$",
-        description="The engine's version (e.g. 0.11.0) when the image tag does not say it; overrides the tag. "
-                    "Unset and no version in the tag: the current release is assumed (docs/engines.md).")
+        description="The engine's version (e.g. 0.11.0), your statement: taken when the running engine's own "
+                    "version (vLLM /version, SGLang /server_info, read from a ready fleet pod) cannot be read, "
+                    "and a contradiction (version-gated features refused) when it says another release. The "
+                    "image tag alone is not proof (docs/engines.md).")
+    replace_existing: bool = Field(
+        default=False,
+        description="The fleet already runs a different speculative method (e.g. vLLM EAGLE-3, SGLang NEXTN): "
+                    "true compares it with this method (the control keeps the fleet's, the canary runs this one, "
+                    "a promotion replaces it); false (the default) refuses such a fleet with a condition naming "
+                    "its method. A fleet on this same method keeps its other settings of it either way.")
 
     @model_validator(mode="after")
     def _cross_field(self) -> "LookaheadConfig":
@@ -256,10 +267,25 @@ class LookaheadConfig(ApiModel):
         return 1 + self.num_speculative_tokens
 
 
+class CanaryCapacity(StrEnum):
+    """Where the canary's and the control's accelerators come from."""
+
+    surge = "surge"
+    carve_out = "carveOut"
+
+
 class CanarySpec(ApiModel):
     """The canary (lookahead on); an equal control (lookahead off) is launched beside it."""
 
     replicas: int = Field(default=1, ge=1, le=64, description="Replicas of the canary, and of the control.")
+    # surge by default: it never takes a serving pod from the fleet's users, and a full pool is
+    # said within a minute (CapacityAvailable False, the scheduler's reason) naming carveOut.
+    capacity: CanaryCapacity = Field(
+        default=CanaryCapacity.surge,
+        description="surge: canary and control are created beside the fleet and need free capacity (GPUs) for "
+                    "2 x replicas pods. carveOut: the fleet's Deployment the roles are cloned from is scaled down by "
+                    "2 x replicas first (saved on it) and gets them back exactly on every exit, so a full GPU pool "
+                    "needs no spare accelerator; it must keep at least one serving pod.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,6 +547,10 @@ class GuardSpec(ApiModel):
 
 _WAVE_INT = "int(string(w).replace('%', ''))"
 
+#: promotion.rolloutDeadline when unset, unless the fleet's own readiness allows longer
+#: (``statemachine.clocks.launch_deadline`` and ``rollout_deadline``).
+DEFAULT_ROLLOUT_DEADLINE = timedelta(minutes=10)
+
 
 class PromotionSpec(ApiModel):
     """How a winning config reaches the fleet.
@@ -548,9 +578,12 @@ class PromotionSpec(ApiModel):
     require_approval: bool = Field(
         default=False, description="Wait for `kubectl lookahead approve` (annotation lookahead.dev/approve) before the first wave.")
 
-    rollout_deadline: Duration = Field(
-        default="10m", description="How long a promoted Deployment may take to become available (and the canary "
-                                   "and control to become ready) before the policy rolls back.")
+    rollout_deadline: Optional[Duration] = Field(
+        default=None, description="How long a promoted Deployment may take to become available (and the canary "
+                                  "and control to become ready) before the policy rolls back (Launching: fails). "
+                                  "Unset: the largest of 10m and what the fleet's own readiness allows (the engine "
+                                  "container's startupProbe, else its readiness and liveness probes; the "
+                                  "Deployment's progressDeadlineSeconds; 1.5x the load time of its current pods).")
 
     @field_validator("waves")
     @classmethod

@@ -59,6 +59,7 @@ class ConditionType(StrEnum):
     TargetsFound = "TargetsFound"    # Deployments match spec.targets and no other policy owns them
     TargetsEdited = "TargetsEdited"  # targets whose pod template their user changed mid-rollout: left to them
     RolesReady = "RolesReady"        # canary and control are up
+    CapacityAvailable = "CapacityAvailable"  # the scheduler can place canary and control (False: CapacityUnavailable)
     MetricsAvailable = "MetricsAvailable"  # Prometheus answered the last read
     Approved = "Approved"            # promotion may go on (or no approval is required)
     WaveReady = "WaveReady"          # the current wave rolled out and is being guarded

@@ -17,13 +17,13 @@ from lookahead_operator.kube import cache
 from lookahead_operator import engines
 from lookahead_operator.controller import fleet
 from lookahead_operator.controller import loadjobs
-from lookahead_operator.controller.roles import role_transform
+from lookahead_operator.controller.roles import candidate_transform, role_transform
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.controller.world import Action, ActionKind, Observed
+from lookahead_operator.controller.world import Action, ActionKind, Observed, Target
 from lookahead_operator.kube.client import Kube, api_message
 from lookahead_operator.api.names import ANNOTATION_OWNER, ANNOTATION_PROMOTED, ROLES
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.spec import CanaryCapacity, LookaheadPolicySpec
 
 log = logging.getLogger("lookahead_operator")
 
@@ -57,9 +57,22 @@ def _unless_gone():
             raise
 
 
+def _owned_elsewhere(c: Ctx, d: dict, doing: str) -> bool:
+    """A Deployment another controller owns (``fleet.owned_by``: a KServe InferenceService, an Argo
+    Rollout, a LeaderWorkerSet) is never claimed or promoted: its owner would revert the write.
+    (Pending refuses such targets before any claim; this holds on every other path too.)"""
+    owner = fleet.owned_by(d)
+    if owner:
+        log.warning("%s: not %s %s/%s: it is managed by %s", c.me, doing, d["metadata"]["namespace"],
+                    d["metadata"]["name"], owner)
+    return owner is not None
+
+
 def _claim(c: Ctx, a: Action) -> None:
     for ns, name in a.targets:
         d = c.k.fresh_deployment(ns, name)  # the template saved must be the latest
+        if d is not None and _owned_elsewhere(c, d, "claiming"):
+            continue
         if d is not None:
             with _unless_gone():
                 c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
@@ -68,11 +81,13 @@ def _claim(c: Ctx, a: Action) -> None:
 def _release(c: Ctx, a: Action) -> None:
     for ns, name in a.targets:
         d = c.k.get_deployment(ns, name)
+        if d is not None and b.carved_replicas(d):
+            d = c.k.fresh_deployment(ns, name)  # (what it gives back is read fresh: never twice)
         ann = (d or {}).get("metadata", {}).get("annotations") or {}
         # Never drop the saved template of a Deployment that is still promoted.
         if d is not None and ann.get(ANNOTATION_OWNER) == c.me and not ann.get(ANNOTATION_PROMOTED):
             with _unless_gone():
-                c.k.patch_deployment(ns, name, b.release_patch())
+                c.k.patch_deployment(ns, name, b.let_go_patch(d))
 
 
 def _leave(c: Ctx, a: Action) -> None:
@@ -88,7 +103,7 @@ def _let_go(c: Ctx, d: dict) -> None:
     ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
     with _unless_gone():
         # (its template is the user's; the replicas it lent to a wave Deployment come back)
-        c.k.patch_deployment(ns, name, {**b.give_back_patch(d), **b.release_patch()})
+        c.k.patch_deployment(ns, name, b.let_go_patch(d))
         post_event(c.k, c.body, "Warning", "LeftToUser",
                    f"{ns}/{name}: its pod template was changed by someone else since the operator claimed it; the "
                    "user's change wins: released, and neither promoted nor restored by this policy")
@@ -112,16 +127,30 @@ def _ensure_roles(c: Ctx, a: Action) -> None:
     if d is None:
         raise ValueError(f"target {source.namespace}/{source.name} disappeared")
     engine = source.engine or "reference"
+    if c.spec.canary.capacity == CanaryCapacity.carve_out and not b.carved_replicas(d):
+        # their replicas out of the fleet first, saved on it in the same write: a full GPU pool
+        # then has room for them, and every exit (DELETE_ROLES, RESTORE, RELEASE) gives them back
+        pods = 2 * c.spec.canary.replicas
+        d = c.k.fresh_deployment(*source.key)
+        if d is None:
+            raise ValueError(f"target {source.namespace}/{source.name} disappeared")
+        if not b.carved_replicas(d):
+            c.k.patch_deployment(*source.key, b.carve_patch(d, pods))
+            post_event(c.k, c.body, "Normal", "CarvedOut",
+                       f"{source.namespace}/{source.name}: {pods} of its replicas taken out for canary and control "
+                       "(canary.capacity carveOut); given back when they go")
+    serving = b.engine_container(d["spec"]["template"], engines.is_engine_container)  # by what it is, not position
+    default_port = engines.listen_port(serving, engine)
     for role in ROLES:
         if role in roles:
             continue
         obj = b.build_role_deployment(d, c.body, role, c.spec.canary.replicas, role_transform(c.spec, role, engine),
-                                      engines.is_engine_container)
+                                      engines.is_engine_container, default_port=default_port)
         if c.k.create_if_absent(obj):
             post_event(c.k, c.body, "Normal", "Launched",
                    f"created {role} {obj['metadata']['namespace']}/{obj['metadata']['name']}")
     if c.k.has_pod_monitor_crd():
-        c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace))
+        c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace, b.metrics_port_ref(serving, default_port)))
 
 
 def _roles_namespace(w: Observed) -> str:
@@ -129,12 +158,19 @@ def _roles_namespace(w: Observed) -> str:
     return w.roles_namespace or sm.role_source(w).namespace
 
 
+def _template(c: Ctx, target: Target | None) -> dict | None:
+    """A target's pod template (what its pods, and canary and control, were made from: the load
+    finds the engine's port in them by it), ``None`` when it is gone."""
+    d = c.k.get_deployment(*target.key) if target is not None else None
+    return (d or {}).get("spec", {}).get("template")
+
+
 def _ensure_load(c: Ctx, a: Action) -> None:
     w = c.world
     namespace = _roles_namespace(w)
     pods = {role: c.k.role_pods(namespace, w.namespace, w.name, role) for role in ROLES}
     for job in loadjobs.step_jobs(c.spec, c.body, namespace, a.step, a.run, a.batch_size, pods, a.until or w.now,
-                                  w.now):
+                                  w.now, _template(c, sm.role_source(w))):
         c.k.create_if_absent(job)
 
 
@@ -145,7 +181,8 @@ def _ensure_guard_load(c: Ctx, a: Action) -> None:
         return
     control = c.k.role_pods(_roles_namespace(w), w.namespace, w.name, "control")
     # its pods as observe read them this pass (observe.guard_fleet_pods): not listed again
-    for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, w.guard_pods, control):
+    for job in loadjobs.guard_jobs(c.spec, c.body, a.wave, a.run, a.batch_size, newest, w.guard_pods, control,
+                                   _template(c, newest), _template(c, sm.role_source(w))):
         c.k.create_if_absent(job)
 
 
@@ -171,6 +208,17 @@ def _delete_load(c: Ctx, a: Action) -> None:
 
 def _delete_roles(c: Ctx, a: Action) -> None:
     c.k.delete_role_deployments(c.world.namespace, c.world.name)
+    for ns, name in a.targets:  # the replicas carved out of them for canary and control, back
+        d = c.k.fresh_deployment(ns, name)
+        patch = b.return_carved_patch(d) if d is not None else {}
+        if patch:
+            with _unless_gone():
+                c.k.patch_deployment(ns, name, patch)
+            back = b.carved_back(d)
+            post_event(c.k, c.body, "Normal", "GivenBack",
+                       f"{ns}/{name}: the {back} replicas taken out for canary and control given back" if back else
+                       f"{ns}/{name}: its replica count was set by someone else since the carve-out "
+                       f"({d['spec'].get('replicas')}): it stands, nothing added")
 
 
 def _replace_checked(c: Ctx, ns: str, name: str, write) -> None:
@@ -202,9 +250,12 @@ def _promote(c: Ctx, a: Action) -> None:
     that one to them), and a no-op on a target already promoted so with this decision."""
     regime = measure.promotion_regime(c.world.status)
     pods = dict(zip(a.targets, a.pods))
+    no_spare = c.spec.canary.capacity == CanaryCapacity.carve_out
 
     def write(d: dict) -> None:
         ns, name = d["metadata"]["namespace"], d["metadata"]["name"]
+        if _owned_elsewhere(c, d, "promoting"):
+            return
         if b.original_template(d) is None:  # claimed before, but be safe: save first
             c.k.patch_deployment(ns, name, b.claim_patch(d, c.me))
             d = c.k.fresh_deployment(ns, name)
@@ -216,11 +267,19 @@ def _promote(c: Ctx, a: Action) -> None:
             return
         engine = fleet.target_of(d, c.spec.engine).engine or "reference"
 
-        def transform(ct: dict) -> dict:
-            return engines.render_lookahead(ct, c.spec.lookahead, regime, engine)
+        transform = candidate_transform(c.spec, engine, regime)  # the canary's change, with the regime
 
         want = pods.get((ns, name))
         total = b.fleet_replicas(d)
+        if want is not None and 0 < want < total and no_spare:
+            # a full pool (carveOut): its pods go first, then the wave's start in their place (the
+            # fleet serves with fewer pods meanwhile; no wave ever needs a spare accelerator)
+            if not (ann.get(ANNOTATION_PROMOTED) == a.decision_id and b.lent_replicas(d) == want):
+                c.k.replace_deployment(b.lend_body(d, want, a.decision_id))
+                post_event(c.k, c.body, "Normal", "Promoted",
+                           f"lookahead on in {want} of {total} pods of {ns}/{name} (its pods first: carveOut)")
+            _ensure_wave(c, d, want, transform, a.decision_id)
+            return
         if want is not None and 0 < want < total:
             if not _ensure_wave(c, d, want, transform, a.decision_id):
                 return  # its pods are starting: a later pass lends once they serve (their status wakes it)
@@ -232,6 +291,9 @@ def _promote(c: Ctx, a: Action) -> None:
         if ann.get(ANNOTATION_PROMOTED) == a.decision_id and ann.get(b.ANNOTATION_PROMOTED_TEMPLATE):
             return  # done before (and not edited since): nothing to write
         c.k.replace_deployment(b.promote_body(d, transform, engines.is_engine_container, a.decision_id))
+        if no_spare and b.lent_replicas(d):
+            # (a full pool: the wave Deployment's pods make room for the replicas it gave back)
+            c.k.delete_wave_deployments(c.world.namespace, c.world.name, {(ns, name)})
         post_event(c.k, c.body, "Normal", "Promoted", f"lookahead on in {ns}/{name}")
 
     for ns, name in a.targets:

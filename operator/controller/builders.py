@@ -70,16 +70,31 @@ def role_deployment_name(policy_name: str, role: str, policy_namespace: str | No
     return owned_name(policy_namespace, policy_name, namespace, role)
 
 
-def engine_container_index(template: dict, is_engine: Callable[[dict], bool]) -> int:
-    """Index of the serving container in a pod template: the first one the engine adapter
-    recognises, else the first container."""
+#: The proxies a service mesh injects into pods (Linkerd puts its own first): never the engine,
+#: whatever their position.
+MESH_PROXIES = frozenset({"linkerd-proxy", "istio-proxy"})
+
+
+def engine_container_index(template: dict, is_engine: Callable[[dict], bool], name: str | None = None) -> int:
+    """Index of the serving container in a pod template (or a pod): the one named ``name`` when
+    given and present (a pod's containers keep their template's names; a pod as the cache keeps
+    it has only names and ports, nothing engine detection reads), else the first one the engine
+    adapter recognises, else the first that is not a mesh proxy (``MESH_PROXIES``), else the first."""
     containers = template.get("spec", {}).get("containers") or []
     if not containers:
         raise ValueError("the target's pod template has no containers")
     for i, container in enumerate(containers):
+        if name is not None and container.get("name") == name:
+            return i
+    for i, container in enumerate(containers):
         if is_engine(container):
             return i
-    return 0
+    return next((i for i, c in enumerate(containers) if c.get("name") not in MESH_PROXIES), 0)
+
+
+def engine_container(template: dict, is_engine: Callable[[dict], bool], name: str | None = None) -> dict:
+    """The serving container of a pod template or a pod (``engine_container_index``)."""
+    return template["spec"]["containers"][engine_container_index(template, is_engine, name)]
 
 
 def _with_container(template: dict, index: int, transform: ContainerTransform) -> dict:
@@ -142,7 +157,8 @@ def serving_labels(target: dict, pod: dict) -> dict[str, str] | None:
 
 def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
                           transform: ContainerTransform, is_engine: Callable[[dict], bool],
-                          metrics_port: int | None = None, metrics_path: str = "/metrics") -> dict:
+                          metrics_port: int | None = None, metrics_path: str = "/metrics",
+                          default_port: int = 8000) -> dict:
     """The canary (lookahead on) or control (off) Deployment, cloned from the target's pod template.
 
     Everything of the template is kept (image, resources, node selectors, tolerations, volumes,
@@ -165,7 +181,7 @@ def build_role_deployment(target: dict, policy: dict, role: str, replicas: int,
     tmeta["labels"] = {**{k: v for k, v in (tmeta.get("labels") or {}).items()
                           if k not in _selector_keys(target)}, **labels}
     annotations = dict(tmeta.get("annotations") or {})
-    port = metrics_port or container_port(template["spec"]["containers"][index])
+    port = metrics_port or container_port(template["spec"]["containers"][index], default_port)
     annotations.update({"prometheus.io/scrape": "true", "prometheus.io/path": metrics_path,
                         "prometheus.io/port": str(port)})
     tmeta["annotations"] = annotations
@@ -189,13 +205,25 @@ def _selector_keys(target: dict) -> set[str]:
     return set((target["spec"].get("selector") or {}).get("matchLabels") or {})
 
 
-def container_port(container: dict, default: int = 8000) -> int:
-    """The serving port: the port named ``http``, else the first declared port, else 8000."""
+def serving_port_spec(container: dict) -> dict | None:
+    """The engine container's serving port as it declares it: the port named ``http``, else its
+    first declared port; ``None`` when it declares none."""
     ports = container.get("ports") or []
-    for p in ports:
-        if p.get("name") == "http":
-            return int(p["containerPort"])
-    return int(ports[0]["containerPort"]) if ports else default
+    return next((p for p in ports if p.get("name") == "http"), ports[0] if ports else None)
+
+
+def container_port(container: dict, default: int = 8000) -> int:
+    """The serving port's number (``serving_port_spec``), else ``default`` (the engine's own:
+    ``engines.listen_port``)."""
+    port = serving_port_spec(container)
+    return int(port["containerPort"]) if port else default
+
+
+def metrics_port_ref(container: dict, default: int = 8000) -> str | int:
+    """How a PodMonitor names the engine's serving port: its name, else its number (``default``
+    when it declares none: then no PodMonitor endpoint can select it, see ``build_pod_monitor``)."""
+    port = serving_port_spec(container)
+    return port["name"] if port and port.get("name") else container_port(container, default)
 
 
 def _load_prompts(prompts) -> tuple[str, list[dict], list[dict]]:
@@ -268,8 +296,12 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
     }
 
 
-def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", path: str = "/metrics") -> dict:
-    """A Prometheus Operator PodMonitor scraping the policy's canary and control pods.
+def build_pod_monitor(policy: dict, namespace: str, port: str | int = "http", path: str = "/metrics") -> dict:
+    """A Prometheus Operator PodMonitor scraping the policy's canary and control pods on their
+    engine container's port (``metrics_port_ref``: never a mesh proxy's port): by name (``port``),
+    or by number for a port without one (``portNumber``, Prometheus Operator 0.79+, which replaced
+    the deprecated ``targetPort``; an older operator drops the field it does not know, so a
+    relabelling keeps only that port number on every version).
 
     The relabelling copies the pod labels the queries rely on into ``lookahead_dev_role``,
     ``lookahead_dev_policy`` and ``lookahead_dev_target`` (what the annotation-based scrape config
@@ -280,6 +312,12 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
         {"sourceLabels": [f"__meta_kubernetes_pod_label_lookahead_dev_{k}"], "targetLabel": f"lookahead_dev_{k}"}
         for k in ("role", "policy", "policy_namespace", "target")
     ] + [{"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"}]
+    if isinstance(port, int):
+        endpoint: dict = {"portNumber": port}
+        relabel.insert(0, {"sourceLabels": ["__meta_kubernetes_pod_container_port_number"], "regex": str(port),
+                           "action": "keep"})
+    else:
+        endpoint = {"port": port}
     meta = owned_metadata(policy, owned_name(policy["metadata"].get("namespace"), policy_name, namespace), namespace,
                           {**policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY})
     return {
@@ -289,8 +327,7 @@ def build_pod_monitor(policy: dict, namespace: str, port_name: str = "http", pat
         "spec": {
             "selector": {"matchLabels": policy_labels(policy),
                          "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(ROLES)}]},
-            "podMetricsEndpoints": [{"port": port_name, "path": path, "interval": "5s",
-                                     "relabelings": relabel}],
+            "podMetricsEndpoints": [{**endpoint, "path": path, "interval": "5s", "relabelings": relabel}],
         },
     }
 
@@ -317,10 +354,15 @@ ANNOTATION_PROMOTED_TEMPLATE = f"{GROUP}/promoted-template"
 #: target's wave Deployment (``build_wave_deployment``), which runs them with lookahead on. Its
 #: ``spec.replicas`` is that many lower than before; restoring gives them back.
 ANNOTATION_PROMOTED_PODS = f"{GROUP}/promoted-pods"
+#: On the target canary and control are cloned from, with ``canary.capacity: carveOut``: how many
+#: of its replicas the operator took out of it for them, and of how many ("2/4", ``carve_patch``).
+#: Its ``spec.replicas`` is that many lower; deleting the roles, restoring, releasing or leaving it
+#: gives them back (unless someone else has set its count since: ``carved_back``).
+ANNOTATION_CARVED_OUT = f"{GROUP}/carved-out"
 
 #: Every annotation the operator puts on a target Deployment (and removes when it lets go of it).
 TARGET_ANNOTATIONS = (ANNOTATION_OWNER, ANNOTATION_ORIGINAL_TEMPLATE, ANNOTATION_PROMOTED, ANNOTATION_PROMOTED_TEMPLATE,
-                      ANNOTATION_PROMOTED_PODS)
+                      ANNOTATION_PROMOTED_PODS, ANNOTATION_CARVED_OUT)
 
 
 def canonical(obj) -> str:
@@ -487,13 +529,13 @@ def promote_body(deployment: dict, transform: ContainerTransform, is_engine: Cal
 
 def restore_body(deployment: dict) -> dict:
     """The Deployment with its saved pod template put back exactly, the replicas it lent to a wave
-    Deployment given back, and our annotations removed
+    Deployment and those carved out for canary and control given back, and our annotations removed
     (for a full replace, so fields we added to the template do not survive a merge). The caller
     checks ``user_edited`` first: a template its user edited is never restored over."""
     saved = original_template(deployment)
     if saved is None:
         raise ValueError(f"{deployment['metadata']['name']} has no saved template to restore")
-    out = _given_back(deployment)
+    out = _given_back(deployment, carved=True)
     out["spec"]["template"] = saved
     annotations = dict(out["metadata"].get("annotations") or {})
     for key in TARGET_ANNOTATIONS:
@@ -509,42 +551,125 @@ def release_patch() -> dict:
     return {"metadata": {"annotations": {key: None for key in TARGET_ANNOTATIONS}}}
 
 
-def lent_replicas(deployment: dict) -> int:
-    """How many replicas the target lent to its wave Deployment (``ANNOTATION_PROMOTED_PODS``; 0:
-    none, or an unreadable mark)."""
-    raw = (deployment["metadata"].get("annotations") or {}).get(ANNOTATION_PROMOTED_PODS)
+def _count_mark(deployment: dict, annotation: str) -> int:
+    raw = (deployment["metadata"].get("annotations") or {}).get(annotation)
     try:
         return max(0, int(raw)) if raw else 0
     except ValueError:
         return 0
 
 
+def let_go_patch(deployment: dict) -> dict:
+    """A merge patch letting go of a target: every replica we took given back (``give_back_patch``,
+    with its resourceVersion) and every mark of ours dropped (``release_patch``), in one write."""
+    patch = give_back_patch(deployment)
+    meta = {**patch.get("metadata", {}), "annotations": release_patch()["metadata"]["annotations"]}
+    return {**patch, "metadata": meta}
+
+
+def lent_replicas(deployment: dict) -> int:
+    """How many replicas the target lent to its wave Deployment (``ANNOTATION_PROMOTED_PODS``; 0:
+    none, or an unreadable mark)."""
+    return _count_mark(deployment, ANNOTATION_PROMOTED_PODS)
+
+
+def _carve_mark(deployment: dict) -> tuple[int, int | None]:
+    """``ANNOTATION_CARVED_OUT`` read: (replicas taken, the fleet's replicas before), "2/4"; (0,
+    None): none, or an unreadable mark."""
+    raw = str((deployment["metadata"].get("annotations") or {}).get(ANNOTATION_CARVED_OUT) or "")
+    taken, _, before = raw.partition("/")
+    try:
+        return max(0, int(taken)), int(before) if before else None
+    except ValueError:
+        return 0, None
+
+
+def carved_replicas(deployment: dict) -> int:
+    """How many replicas were taken out of the target for canary and control
+    (``ANNOTATION_CARVED_OUT``, ``canary.capacity: carveOut``; 0: none)."""
+    return _carve_mark(deployment)[0]
+
+
+def carved_back(deployment: dict) -> int:
+    """How many replicas giving the carve-out back adds: those taken, if the fleet still has the
+    count the carve left it (its own plus those lent to its wave Deployment); none if someone else
+    set its count since (a GitOps self-heal that put it back, a `kubectl scale`, an HPA): theirs
+    stands, and adding ours on top would leave it with more than it had."""
+    taken, before = _carve_mark(deployment)
+    if not taken:
+        return 0
+    if before is not None and fleet_replicas(deployment) != before - taken:
+        return 0
+    return taken
+
+
+def carve_patch(deployment: dict, pods: int) -> dict:
+    """A merge patch taking ``pods`` replicas out of the target for canary and control, and saying
+    so on it in the same write (so a restarted operator knows what to give back). It carries the
+    resourceVersion read: a scale (a user, an HPA) since the read fails it (409) rather than being
+    overwritten. The target keeps at least one replica serving."""
+    if carved_replicas(deployment):
+        raise ValueError(f"{deployment['metadata']['name']}: replicas already carved out")
+    have = int((deployment.get("spec") or {}).get("replicas", 1) or 0)
+    if not 0 < pods < have:
+        raise ValueError(f"{deployment['metadata']['name']}: carving {pods} replica(s) out of {have} would leave "
+                         "no pod serving")
+    return {"metadata": {**_read_version(deployment), "annotations": {ANNOTATION_CARVED_OUT: f"{pods}/{have}"}},
+            "spec": {"replicas": have - pods}}
+
+
 def fleet_replicas(deployment: dict) -> int:
     """The replicas the target serves with, its own and those lent to its wave Deployment: what a
-    wave's percentage is a share of, and what restoring leaves it with."""
+    wave's percentage is a share of, and what restoring leaves it with (plus any carved out for
+    canary and control, ``carved_replicas``, which serve no users meanwhile)."""
     replicas = (deployment.get("spec") or {}).get("replicas")
     return int(1 if replicas is None else replicas) + lent_replicas(deployment)
 
 
-def _given_back(deployment: dict) -> dict:
+def _given_back(deployment: dict, carved: bool = False) -> dict:
     """A copy of the Deployment with the replicas it lent to its wave Deployment given back (its
-    ``spec.replicas`` raised by as many, the mark dropped). "What we took, back": a replica count
-    changed meanwhile by its user or an HPA is kept, plus the lent ones."""
+    ``spec.replicas`` raised by as many, the mark dropped), and with ``carved`` those carved out for
+    canary and control too. "What we took, back": a replica count changed meanwhile by its user or
+    an HPA is kept, plus ours."""
     out = copy.deepcopy(deployment)
-    lent = lent_replicas(deployment)
-    if lent:
-        out["spec"]["replicas"] = fleet_replicas(deployment)
-    (out["metadata"].get("annotations") or {}).pop(ANNOTATION_PROMOTED_PODS, None)
+    back = lent_replicas(deployment) + (carved_back(deployment) if carved else 0)
+    if back:
+        out["spec"]["replicas"] = int((deployment.get("spec") or {}).get("replicas", 1) or 0) + back
+    annotations = out["metadata"].get("annotations") or {}
+    annotations.pop(ANNOTATION_PROMOTED_PODS, None)
+    if carved:
+        annotations.pop(ANNOTATION_CARVED_OUT, None)
     return out
 
 
 def give_back_patch(deployment: dict) -> dict:
-    """A merge patch giving back what the target lent to its wave Deployment (for a target left to
-    its user: its template is theirs, its replicas are not ours to keep)."""
-    if not lent_replicas(deployment):
+    """A merge patch giving back every replica we took from the target: those lent to its wave
+    Deployment and those carved out for canary and control (for a target left to its user or
+    released: its replicas are not ours to keep). It carries the resourceVersion read, so a stale
+    read cannot give them back twice."""
+    lent, carved = lent_replicas(deployment), carved_replicas(deployment)
+    if not lent and not carved:
         return {}
-    return {"spec": {"replicas": fleet_replicas(deployment)},
-            "metadata": {"annotations": {ANNOTATION_PROMOTED_PODS: None}}}
+    back = lent + carved_back(deployment)
+    return {"spec": {"replicas": int((deployment.get("spec") or {}).get("replicas", 1) or 0) + back},
+            "metadata": {**_read_version(deployment),
+                         "annotations": {ANNOTATION_PROMOTED_PODS: None, ANNOTATION_CARVED_OUT: None}}}
+
+
+def _read_version(deployment: dict) -> dict:
+    """The resourceVersion read, for a merge patch that must fail (409) rather than act on a stale read."""
+    version = deployment["metadata"].get("resourceVersion")
+    return {"resourceVersion": version} if version else {}
+
+
+def return_carved_patch(deployment: dict) -> dict:
+    """A merge patch giving back the replicas carved out for canary and control (once they are
+    deleted), and only those (``{}``: none). With the resourceVersion read, as ``give_back_patch``."""
+    if not carved_replicas(deployment):
+        return {}
+    back = carved_back(deployment)
+    return {"spec": {"replicas": int((deployment.get("spec") or {}).get("replicas", 1) or 0) + back},
+            "metadata": {**_read_version(deployment), "annotations": {ANNOTATION_CARVED_OUT: None}}}
 
 
 def lend_body(deployment: dict, pods: int, decision_id: str) -> dict:

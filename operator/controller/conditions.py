@@ -27,6 +27,7 @@ __all__ = ["Fact", "derive", "get", "SCOPE"]
 #: Condition types that are dropped outside these phases.
 SCOPE: dict[ConditionType, frozenset[Phase]] = {
     ConditionType.RolesReady: WITH_ROLES,
+    ConditionType.CapacityAvailable: frozenset({Phase.Preflight, Phase.Launching}),
     ConditionType.WaveReady: frozenset({Phase.Promoting}),
     ConditionType.GuardData: frozenset({Phase.Promoting, Phase.Guarding}),
     ConditionType.MetricsAvailable: frozenset({Phase.Preflight, Phase.Measuring, Phase.Promoting, Phase.Guarding}),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
+from lookahead_operator import engines
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller.world import Target
 from lookahead_operator.controller.fleet import pod_ready
@@ -20,26 +21,49 @@ def _load_image(spec: LookaheadPolicySpec) -> str:
     return spec.load.loadgen_image or DEFAULT_LOADGEN_IMAGE
 
 
+def engine_port(pod: dict, template: dict | None = None) -> int:
+    """The port the engine serves on in ``pod``, found by what the container is, never by its
+    position (a mesh proxy injected first, Linkerd's, is not the engine): the engine container of
+    ``template`` (the pod template the pod was made from; engine detection reads its image and
+    command line), matched in the pod by name; its port named ``http``, else its first declared
+    port, else the engine's own (its ``--port``, else the engine's default: ``engines.listen_port``).
+    Without a template: the pod's engine container by detection, else its first that is not a
+    mesh proxy (``builders.engine_container_index``)."""
+    engine = b.engine_container(template, engines.is_engine_container) if template else None
+    container = b.engine_container(pod, engines.is_engine_container, engine.get("name") if engine else None)
+    if not container.get("ports") and engine is not None:
+        container = engine
+    return b.container_port(container, engines.listen_port(engine if engine is not None else container))
+
+
+def _url(pod: dict, template: dict | None) -> str:
+    return f"http://{pod['status']['podIP']}:{engine_port(pod, template)}"
+
+
 def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, batch_size: int,
-               newest: Target, fleet_pods: list[dict], control_pods: list[dict]) -> list[dict]:
+               newest: Target, fleet_pods: list[dict], control_pods: list[dict],
+               promoted_template: dict | None = None, control_template: dict | None = None) -> list[dict]:
     """The guard's load: one Job on a ready pod of ``newest`` that runs the promoted template (its
     pods carry the decision id), one on a ready control pod. Each lasts as long as a guard may wait
     for its data (a wave or the final guard waits past its duration, up to ``analysis.deadline``,
     until the comparison has enough samples); the state machine deletes them when the guard moves
-    on. A Job that ran out sooner would leave the guard without load, then without data."""
+    on. A Job that ran out sooner would leave the guard without load, then without data. Each is
+    aimed at its pod's engine port (``engine_port``; ``promoted_template``: the pod template of
+    ``newest``, ``control_template``: the one the control was cloned from)."""
     promoted_pods = [p for p in fleet_pods
                      if (p["metadata"].get("annotations") or {}).get(ANNOTATION_PROMOTED) == newest.promoted
                      and not p["metadata"].get("deletionTimestamp")]
     duration = max(spec.promotion.guard.duration + spec.promotion.wave_duration,
                    spec.analysis.deadline).total_seconds()
     jobs = []
-    for role, pods in (("promoted", promoted_pods), ("control", control_pods)):
+    for role, pods, template in (("promoted", promoted_pods, promoted_template),
+                                 ("control", control_pods, control_template)):
         ready = sorted((p for p in pods if (p.get("status") or {}).get("podIP") and pod_ready(p)),
                        key=lambda p: p["metadata"]["name"])
         if not ready:
             return []  # both or neither: a one-sided load would compare nothing
         pod = ready[0]
-        url = f"http://{pod['status']['podIP']}:{b.container_port(pod['spec']['containers'][0])}"
+        url = _url(pod, template)
         jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
                                      duration, _load_image(spec), spec.load.prompts,
                                      extra_labels={LABEL_POD: pod["metadata"]["name"]},
@@ -48,9 +72,11 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
 
 
 def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_index: int, run: int, batch_size: int,
-              pods_by_role: dict[str, list[dict]], until: datetime, now: datetime) -> list[dict]:
+              pods_by_role: dict[str, list[dict]], until: datetime, now: datetime,
+              template: dict | None = None) -> list[dict]:
     """One closed-loop load Job per role for a measurement step, aimed at a ready pod of the role
-    (its pod IP and serving port: no Service or DNS needed). Both roles or neither: a one-sided
+    (its pod IP and its engine's port, ``engine_port``, ``template`` being the pod template canary
+    and control were cloned from: no Service or DNS needed). Both roles or neither: a one-sided
     load would leave the other role idle, and idle windows read as stalls. Each Job runs for as
     long as the step may measure: its stepDuration, and for a step whose answer is unclear then,
     up to ``until`` (``statemachine.step_deadline``, carried by the state machine's action); the
@@ -62,8 +88,7 @@ def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_inde
         if not pods:
             return []
         pod = sorted(pods, key=lambda p: p["metadata"]["name"])[0]
-        port = b.container_port(pod["spec"]["containers"][0])
-        url = f"http://{pod['status']['podIP']}:{port}"
+        url = _url(pod, template)
         jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
                                      _load_image(spec), spec.load.prompts,
                                      extra_labels={LABEL_POD: pod["metadata"]["name"]},

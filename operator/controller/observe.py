@@ -10,7 +10,7 @@ from datetime import datetime
 
 from lookahead_operator.controller import builders as b
 from lookahead_operator import engines
-from lookahead_operator.controller import fleet
+from lookahead_operator.controller import fleet, loadjobs
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Need, Observed, ReadError, Target
@@ -28,6 +28,7 @@ from lookahead_operator.api.names import (
     LABEL_TARGET,
     ROLES,
 )
+from lookahead_operator.kube import podhttp
 from lookahead_operator.kube.client import Kube, recently_created
 from lookahead_operator.api.policy import MAX_POLICY_NAME
 from lookahead_operator.api.spec import LookaheadPolicySpec
@@ -65,6 +66,8 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
              for d in k.wave_deployments(meta["namespace"], meta["name"])}
     if waves:
         world.targets = [fleet.with_wave(t, waves.get(t.key)) for t in world.targets]
+    if status.phase == Phase.Launching:
+        world.targets = with_source_load_time(k, world)
     roles = {d["metadata"]["labels"][LABEL_ROLE]: d for d in k.role_deployments(meta["namespace"], meta["name"])}
     role_ns = world.roles_namespace = _role_namespace(world, roles)
     world.roles_present = {r: r in roles or recently_created(
@@ -76,10 +79,15 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     world.load_running = running_load(jobs, run)
     world.load_finished = finished_load(jobs, run)
     driven = {r: k.role_pods(role_ns, meta["namespace"], meta["name"], r) for r in ROLES}
+    world.roles_unschedulable = {r: why for r in ROLES if (why := fleet.unschedulable(driven[r]))}
+    world.roles_scheduled = {r for r in ROLES if fleet.scheduled(driven[r])}
+    if status.phase == Phase.Preflight:
+        _read_pool(k, world)
     if status.phase in (Phase.Promoting, Phase.Guarding):
         # read once per pass: the guard's load Jobs are aimed at these pods (actions), and a Job
         # whose pod is no longer among them drives nothing
         listed = in_play_pods(k, world)
+        world.targets = [fleet.with_load_time(t, listed[t.key]) if t.key in listed else t for t in world.targets]
         world.guard_pods = driven["promoted"] = guard_fleet_pods(listed, world)
         world.guard_sides = guard_sides(listed, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
@@ -117,6 +125,37 @@ def with_promoted_config(decision: Decision, spec: LookaheadPolicySpec, engine: 
     except engines.EngineError as exc:
         config = {"error": str(exc)}
     return decision.model_copy(update={"config": config})
+
+
+def _read_pool(k, world: Observed) -> None:
+    """What one pod of the fleet takes of the accelerators (``fleet.accelerators``) and, if any,
+    how much of them the pool has free (``fleet.pool_room``): Preflight says so before anything is
+    created. A read the API refuses (an older chart's RBAC without nodes) is said, not fatal."""
+    source = sm.role_source(world)
+    d = k.get_deployment(*source.key) if source is not None else None
+    if d is None:
+        return
+    template = d["spec"]["template"]
+    world.accelerators = fleet.accelerators(template)
+    if not world.accelerators:
+        return
+    try:
+        world.pool = fleet.pool_room(k.nodes(), k.placed_pods(), template)
+    except Exception as exc:  # noqa: BLE001 - the pool unread is data: the state machine says so
+        world.pool_error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def with_source_load_time(k, world: Observed) -> list[Target]:
+    """The targets, the one canary and control are cloned from (``sm.role_source``) with the
+    measured load time of its current pods (``fleet.with_load_time``), which the launch deadline
+    follows when the policy sets none: one list call per pass, in Launching only (a fleet's pods
+    are in no watched cache)."""
+    source = sm.role_source(world)
+    d = k.get_deployment(*source.key) if source is not None else None
+    if d is None:
+        return world.targets
+    pods = k.pods(source.namespace, d["spec"]["selector"])
+    return [fleet.with_load_time(t, pods) if t.key == source.key else t for t in world.targets]
 
 
 def in_play_pods(k, world: Observed) -> dict[tuple[str, str], list[dict]]:
@@ -225,7 +264,9 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase
         return []
     template = d["spec"]["template"]
     engine = source.engine or "reference"
-    problems = list(engines.support_problems(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware"))
+    running = running_version(k, d, engine)
+    problems = list(engines.support_problems(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware",
+                                             running))
     if not problems:  # what the adapters cannot render is refused now, not at the first patch
         container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
         for role in ROLES:
@@ -234,6 +275,57 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase
             except engines.EngineError as exc:
                 problems.append(f"{role}: {exc}")
     return problems
+
+
+_VERSIONS: "OrderedDict[tuple, engines.RunningVersion]" = OrderedDict()
+_VERSIONS_MAX = 1024
+
+
+def running_version(k, deployment: dict, engine: str) -> engines.RunningVersion:
+    """What the engine of one ready pod of ``deployment`` says its version is: its version
+    endpoints (``engines.version_paths``: the next only after a 404) at
+    ``http://<podIP>:<engine port>`` (``loadjobs.engine_port``), each read once with a short
+    timeout and no retry (``kube.podhttp``); a failure is data (``RunningVersion.error``), for
+    the gate's message. A pod running the template's engine image is preferred (one of an older
+    ReplicaSet may run another release). Remembered per pod and image, once read."""
+    meta = deployment["metadata"]
+    template = deployment["spec"]["template"]
+    pods = [p for p in k.pods(meta["namespace"], deployment["spec"]["selector"])
+            if fleet.pod_ready(p) and not p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("podIP")]
+    if not pods:
+        return engines.RunningVersion(None, error=f"no ready pod of {meta['namespace']}/{meta['name']} to read it from")
+    image = b.engine_container(template, engines.is_engine_container).get("image")
+    pod = next((p for p in pods if _engine_image(p, template) == image), pods[0])
+    name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    key = (pod["metadata"].get("uid") or name, engine,
+           tuple(c.get("imageID") for c in (pod.get("status") or {}).get("containerStatuses") or []))
+    if key in _VERSIONS:
+        return _VERSIONS[key]
+    ip = pod["status"]["podIP"]
+    base = f"http://{f'[{ip}]' if ':' in ip else ip}:{loadjobs.engine_port(pod, template)}"
+    paths = engines.version_paths(engine)
+    for i, path in enumerate(paths):
+        try:
+            text = engines.version_from_answer(engine, path, podhttp.get_json(base + path))
+        except podhttp.PodHTTPError as exc:
+            if exc.not_found and i + 1 < len(paths):
+                continue
+            return engines.RunningVersion(None, name, path, error=f"could not read the version from pod {name}: {exc}")
+        except engines.EngineError as exc:
+            return engines.RunningVersion(None, name, path, error=f"could not read the version from pod {name}: {path}: {exc}")
+        found = _VERSIONS[key] = engines.RunningVersion(text, name, path)
+        if len(_VERSIONS) > _VERSIONS_MAX:
+            _VERSIONS.popitem(last=False)
+        return found
+    return engines.RunningVersion(None, name, error=f"pod {name} has no version endpoint")
+
+
+def _engine_image(pod: dict, template: dict) -> str | None:
+    try:
+        engine = b.engine_container(template, engines.is_engine_container)
+        return b.engine_container(pod, engines.is_engine_container, engine.get("name")).get("image")
+    except (KeyError, ValueError):
+        return None
 
 
 def known_targets(k: Kube, status: LookaheadPolicyStatus, engine) -> list[Target]:

@@ -33,6 +33,18 @@ class Need(StrEnum):
 # --- what the handler observed ----------------------------------------------------------------
 
 @dataclass(frozen=True)
+class LoadBudget:
+    """How long a target's pods may take to become ready, as its own Deployment says
+    (``fleet.load_budget_of``, ``fleet.with_load_time``): what the launch and rollout deadlines
+    follow when ``promotion.rolloutDeadline`` is unset (``statemachine.clocks``)."""
+
+    probe_s: float | None = None      # the engine container's probe budget (None: it has none)
+    probe: str = ""                   # which: "startupProbe", "readinessProbe" or "livenessProbe"
+    progress_deadline_s: float = 600.0  # the Deployment's spec.progressDeadlineSeconds (Kubernetes' default)
+    measured_s: float | None = None   # the longest load of its current ready pods (None: not read)
+
+
+@dataclass(frozen=True)
 class Target:
     """A target Deployment as the state machine sees it (``fleet.target_of`` reads it)."""
 
@@ -40,6 +52,7 @@ class Target:
     name: str
     engine: str | None = None
     owner: str | None = None          # the policy that claimed it (annotation), if any
+    owned_by: str | None = None       # its controller in Kubernetes (ownerReferences): "Kind/name (apiVersion)"
     saved: bool = False               # its original template is saved on it
     promoted: str | None = None       # the decision id it was promoted with, if any
     rolled_out: bool = True           # its latest template is fully rolled out and available
@@ -49,6 +62,12 @@ class Target:
     lent: int = 0                     # promoted in part: how many replicas run in its wave Deployment (0: none)
     wave_replicas: int | None = None  # its wave Deployment's spec.replicas (None: there is none)
     wave_ready: bool = False          # its wave Deployment is rolled out and available
+    load_budget: LoadBudget = field(default_factory=LoadBudget)  # how long its pods may take to load (fleet.py)
+    carved: int = 0                   # replicas taken out of it for canary and control (canary.capacity carveOut)
+    # its rollout strategy as written (fleet.rollout_unavailable resolves it): Recreate, or the rolling update's bounds
+    recreate: bool = False
+    max_surge: str = "25%"
+    max_unavailable: str = "25%"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -87,6 +106,14 @@ class Observed:
     spec_error: str | None = None      # why the stored spec cannot be acted on, naming the field
     targets: list[Target] = field(default_factory=list)
     roles_ready: dict[str, bool] = field(default_factory=dict)
+    # roles with a pod the scheduler cannot place, with its reason ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu")
+    roles_unschedulable: dict[str, str] = field(default_factory=dict)
+    roles_scheduled: set[str] = field(default_factory=set)  # roles whose every pod the scheduler placed
+    # in Preflight: what one fleet pod takes of each accelerator (nvidia.com/gpu: 2), and the pool's
+    # (free, allocatable) of each over the nodes it could run on; or why the pool could not be read
+    accelerators: dict[str, int] = field(default_factory=dict)
+    pool: dict[str, tuple[int, int]] | None = None
+    pool_error: str | None = None
     preflight: PreflightResult | None = None
     step: StepMeasurement | None = None
     decision: Decision | None = None   # computed from status.batches when Deciding
@@ -124,7 +151,7 @@ class ActionKind(StrEnum):
     RELEASE = "ReleaseTargets"         # drop our marks from never-promoted targets
     DISOWN = "DisownTargets"           # drop ownership, keep the saved template (lookahead stays on)
     ENSURE_ROLES = "EnsureRoles"       # canary and control exist
-    DELETE_ROLES = "DeleteRoles"
+    DELETE_ROLES = "DeleteRoles"      # canary and control; the replicas carved out of ``targets`` for them back
     ENSURE_LOAD = "EnsureLoadJobs"     # the step's load Jobs exist (run-numbered names)
     ENSURE_GUARD_LOAD = "EnsureGuardLoad"
     SERVE_CONTROL = "ServeControl"     # the control's pods join the fleet's Service (production-traffic guard)

@@ -118,8 +118,9 @@ class Kube:
             raise ApiException.from_response(http_resp=resp, body=None, data=None)
         return json.loads(data) if data else None
 
-    def _list(self, path: str, label_selector: str = "") -> list[dict]:
-        out = self.request("GET", path, query={"labelSelector": label_selector}) or {}
+    def _list(self, path: str, label_selector: str = "", field_selector: str = "") -> list[dict]:
+        query = {"labelSelector": label_selector} | ({"fieldSelector": field_selector} if field_selector else {})
+        out = self.request("GET", path, query=query) or {}
         kind = (out.get("kind") or "").removesuffix("List")
         items = out.get("items") or []
         for item in items:  # list items come without their kind (our builders and readers expect it)
@@ -176,6 +177,14 @@ class Kube:
 
     def pods(self, namespace: str, selector: dict | None) -> list[dict]:
         return self._list(f"{_CORE}/namespaces/{namespace}/pods", selector_string(selector))
+
+    def nodes(self) -> list[dict]:
+        return self._list(f"{_CORE}/nodes")
+
+    def placed_pods(self) -> list[dict]:
+        """Every pod that holds what the scheduler gave it (placed on a node, not finished), in
+        every namespace: what a node's allocatable is already spent on."""
+        return self._list(f"{_CORE}/pods", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
 
     def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_ROLE}=loadgen"

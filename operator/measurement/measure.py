@@ -132,7 +132,7 @@ PER_TOKEN_OBSERVED = frozenset({"reference", "sglang"})
 
 def tail_design_effect(engine: str, batch_size: int, mean_acceptance_length: float | None) -> float:
     """How many per-token-latency observations move together (``compare_tail_latency``'s
-    ``design_effect``): per-request histograms (vLLM's request_time_per_output_token, TensorRT-LLM)
+    ``design_effect``): per-request histograms (vLLM's request_time_per_output_token)
     1; per-token ones the observations one decode step records, batch size x tokens per step
     (the canary's mean acceptance length; the larger arm's, so conservative for both)."""
     if engine not in PER_TOKEN_OBSERVED:

@@ -1,8 +1,17 @@
-"""Replica waves on the real node (issue 22): a fleet of one Deployment of ten replicas, behind its
-Service and serving production traffic, promoted by ``waves: [10%, 50%, 100%]`` in steps of its
-pods: one, then five, then all ten, each wave rolled out and guarded before the next. The user's
-Deployment lends replicas to the policy's wave Deployment while it is promoted in part, and gets
-them back with the promoted template at the last wave; no user request fails on the way."""
+"""Fleets as platform teams run them, on the real node, the two rollouts side by side on the
+module's one operator (tests/e2e/together.py):
+
+* replica waves (issue 22): a fleet of one Deployment of ten replicas, behind its Service and
+  serving production traffic, promoted by ``waves: [10%, 50%, 100%]`` in steps of its pods: one,
+  then five, then all ten, each wave rolled out and guarded before the next. The user's Deployment
+  lends replicas to the policy's wave Deployment while it is promoted in part, and gets them back
+  with the promoted template at the last wave; no user request fails on the way.
+* a full GPU pool (issue 23): the node's eight ``nvidia.com/gpu`` (dev/node.py) all held by a
+  fleet of four tensor-parallel-2 pods. With the default ``canary.capacity: surge`` the canary and
+  control cannot be placed, and the policy says CapacityUnavailable with the scheduler's reason
+  within a minute; with ``carveOut`` two of the fleet's replicas make room for them, the rollout
+  reaches its decision and promotes on the full pool, and the fleet gets its four replicas back.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +19,26 @@ import threading
 import time
 
 import pytest
+from kubernetes.client.rest import ApiException
 
+from lookahead_operator.api.names import GROUP, PLURAL, VERSION
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
+from lookahead_dev.node import EXTENDED_RESOURCES
 
+from . import together
 from .helpers import (GOOD_GPU, apply_policy, assert_no_failed_requests, engine_deployment, events_of, get_policy,
                       make_namespace, no_leftovers, policy, production_traffic, sanitized, serve)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+scenarios = together.Scenarios()
+
+
+@pytest.fixture(scope="module")
+def running(request, kube_api, operator_pod, prometheus, tmp_path_factory):
+    yield from scenarios.run(request, kube_api, tmp_path_factory, operator_pod=operator_pod,
+                             prometheus=prometheus)
 
 NAME, REPLICAS = "chat-fleet", 10
 
@@ -45,8 +66,9 @@ def _why_out(p) -> tuple:
             ready and (ready.status, ready.reason, ready.message))
 
 
-def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_guarded(
-        apis, operator_pod, prometheus, tmp_path):
+@scenarios.add
+def one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_guarded(
+        apis, operator_pod, prometheus, tmp_path) -> None:
     apps, core, custom, batch = apis
     ns = "e2e-replica-waves"
     make_namespace(core, ns)
@@ -138,3 +160,130 @@ def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_w
     assert b.ANNOTATION_PROMOTED_PODS not in ann
     row = get_policy(custom, ns, "chat")["status"]["targets"][0]
     assert (row["replicas"], row["promotedPods"], row["wave"]) == (10, 10, 1), row
+
+
+def test_one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_guarded(
+        running, request, reliability):
+    running.result(request)
+
+
+# --- a full GPU pool ---------------------------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+POOL = EXTENDED_RESOURCES[GPU]          # the node's eight
+GPU_FLEET, GPU_REPLICAS, GPUS_PER_POD = "chat-tp2", 4, 2   # four tensor-parallel-2 pods: the whole pool
+
+
+def _gpu_fleet(ns: str) -> dict:
+    dep = engine_deployment(ns, GPU_FLEET, GOOD_GPU, "chat", serving=True)
+    dep["spec"]["replicas"] = GPU_REPLICAS
+    pod = dep["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"] = {"requests": {"cpu": "10m", GPU: str(GPUS_PER_POD)},
+                                         "limits": {GPU: str(GPUS_PER_POD)}}
+    pod["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]  # (as GPU pools taint)
+    # a full pool has no room for a surge pod: the team's rolling update takes one pod down first
+    dep["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return dep
+
+
+def _gpus_held(core) -> int:
+    """GPUs the scheduler has given to pods that still hold them (placed, not finished)."""
+    held = 0
+    for p in core.list_pod_for_all_namespaces().items:
+        if not p.spec.node_name or p.status.phase in ("Succeeded", "Failed"):
+            continue
+        for c in p.spec.containers:
+            held += int(((c.resources and c.resources.requests) or {}).get(GPU, 0))
+    return held
+
+
+def _condition(st: dict, type_: str) -> dict | None:
+    return next((c for c in st.get("conditions") or [] if c["type"] == type_), None)
+
+
+@scenarios.add
+def a_full_gpu_pool_says_capacity_unavailable_with_surge_and_promotes_with_carve_out(
+        apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-gpu-pool"
+    wait_for(lambda: _gpus_held(core) == 0, 180, "no GPU held on the node", interval=1.0)
+    make_namespace(core, ns)
+    apps.create_namespaced_deployment(ns, _gpu_fleet(ns))
+    url = serve(core, ns)
+    wait_for(lambda: (apps.read_namespaced_deployment(GPU_FLEET, ns).status.ready_replicas or 0) == GPU_REPLICAS,
+             180, "the fleet's four pods ready", interval=1.0)
+    assert _gpus_held(core) == POOL, "the fleet holds the whole pool"
+    before = sanitized(apps, ns, GPU_FLEET)
+    traffic = production_traffic(url, tmp_path, seed=23, schedule="0:2")
+    with traffic:
+        traffic.wait_requests(3, timeout=60, ok=True)
+        t0 = time.time()
+
+        # surge (the default): canary and control cannot be placed; said within a minute
+        surge = policy("surge", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"])
+        applied = time.monotonic()
+        apply_policy(custom, surge)
+        # first Preflight, from the nodes' allocatable, before canary and control exist (an Event);
+        # then the scheduler's own verdict on their pods (the condition)
+        st = wait_for(lambda: (s := get_policy(custom, ns, "surge").get("status") or {})
+                      and f"Insufficient {GPU}" in (_condition(s, "CapacityAvailable") or {}).get("message", "")
+                      and s, 60, "CapacityAvailable False with the scheduler's reason", interval=0.5)
+        said_in = time.monotonic() - applied
+        c = _condition(st, "CapacityAvailable")
+        print(f"\n{ns}: surge on a full pool: the scheduler's reason after {said_in:.1f} s: {c['message']}")
+        assert c["status"] == "False" and c["reason"] == "CapacityUnavailable", c
+        assert "canary.capacity: carveOut" in c["message"] and st["phase"] == "Launching", st
+        warned = wait_for(lambda: [e.message for e in events_of(core, ns, "surge")
+                                   if e.reason == "CapacityUnavailable" and e.type == "Warning"], 30,
+                          "the CapacityUnavailable Event")
+        print(f"{ns}: preflight said: {warned[0]}")
+        assert warned[0].startswith(f"the pool has 0 of {POOL} {GPU} free, surge needs 4 (2 pods x 2)"), warned
+        custom.delete_namespaced_custom_object(*_policy_path(ns, "surge"))
+        wait_for(lambda: _gone(custom, ns, "surge") and no_leftovers(apps, batch, ns, "surge"), 60,
+                 "the surge policy and its canary and control gone", interval=1.0)
+        assert sanitized(apps, ns, GPU_FLEET)["spec"] == before["spec"], "the fleet was not touched"
+
+        # carveOut: two of the fleet's replicas make room for canary and control
+        carve = policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["50%", "100%"])
+        carve["spec"]["canary"] = {"capacity": "carveOut"}
+        apply_policy(custom, carve)
+        carved = wait_for(lambda: (d := sanitized(apps, ns, GPU_FLEET))["spec"]["replicas"] == GPU_REPLICAS - 2 and d,
+                          120, "two replicas carved out of the fleet", interval=0.5)
+        assert carved["metadata"]["annotations"][b.ANNOTATION_CARVED_OUT] == "2/4"
+        st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") in
+                      {"Succeeded", "RolledBack", "Failed", "NotACandidate"} and s, 720, "the rollout ended",
+                      interval=1.0)
+        print(f"{ns}: carveOut: {st['phase']}: {st.get('message')}")
+        assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-3000:])
+        wait_for(lambda: (apps.read_namespaced_deployment(GPU_FLEET, ns).status.ready_replicas or 0) == GPU_REPLICAS
+                 and no_leftovers(apps, batch, ns, "chat"), 180,
+                 "the fleet's four replicas back and serving, nothing of the policy's left", interval=1.0)
+    served = assert_no_failed_requests(traffic, t0, "a full GPU pool: surge refused, then carveOut promoted")
+    print(f"{ns}: production traffic: {served}")
+    d = sanitized(apps, ns, GPU_FLEET)
+    ann = d["metadata"].get("annotations") or {}
+    # exactly the four replicas it had, the promoted template, nothing of ours but the saved original
+    assert d["spec"]["replicas"] == GPU_REPLICAS and b.ANNOTATION_CARVED_OUT not in ann
+    assert b.ANNOTATION_PROMOTED_PODS not in ann
+    assert "--speculative-config" in d["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert b.original_template(d) == before["spec"]["template"]
+    assert _gpus_held(core) == POOL
+    given = [e.message for e in events_of(core, ns, "chat") if e.reason in ("CarvedOut", "GivenBack")]
+    assert len(given) == 2, given
+
+
+def _policy_path(ns: str, name: str) -> tuple:
+    return GROUP, VERSION, ns, PLURAL, name
+
+
+def _gone(custom, ns: str, name: str) -> bool:
+    try:
+        custom.get_namespaced_custom_object(*_policy_path(ns, name))
+    except ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+def test_a_full_gpu_pool_says_capacity_unavailable_with_surge_and_promotes_with_carve_out(
+        running, request, reliability):
+    running.result(request)

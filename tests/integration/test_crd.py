@@ -115,7 +115,8 @@ def test_example_policy_is_accepted_with_defaults(objects, namespace):
     assert spec["lookahead"]["numSpeculativeTokens"] == 4
     assert spec["lookahead"]["promptLookupMin"] == 2 and spec["lookahead"]["promptLookupMax"] == 5
     assert spec["load"]["warmup"] == "30s" and spec["load"]["minSamplesPerStep"] == 10
-    assert spec["analysis"]["sampleInterval"] == "5s" and spec["promotion"]["rolloutDeadline"] == "10m"
+    assert spec["analysis"]["sampleInterval"] == "5s" and "rolloutDeadline" not in spec["promotion"], \
+        "unset: the deadlines follow the fleet's readiness (no schema default)"
     assert spec["promotion"]["waveDuration"] == "5m" and spec["promotion"]["requireApproval"] is False
     # The operator reads exactly what the apiserver stores, and the two agree on every default.
     model = LookaheadPolicySpec.model_validate(spec)
@@ -131,7 +132,7 @@ def test_minimal_policy_gets_every_default(objects, namespace):
     assert spec["engine"] == "auto" and spec["paused"] is False
     assert spec["lookahead"] == {"method": "jacobi", "window": 7, "ngram": 5, "guessSet": 7,
                                  "numSpeculativeTokens": 4, "promptLookupMin": 2, "promptLookupMax": 5,
-                                 "promptLookupTokens": 0}
+                                 "promptLookupTokens": 0, "replaceExisting": False}
     assert spec["load"]["prompts"] == {"builtin": "chat"} and "batchSizes" not in spec["load"]
     assert spec["analysis"]["maxThroughputRegression"] == "2%" and spec["analysis"]["confidence"] == 0.99
     assert spec["promotion"]["waves"] == ["10%", "50%", "100%"]
@@ -154,6 +155,8 @@ _DELETE = object()
 # Valid variants: the schema must not refuse what the API promises.
 VALID = {
     "ngram-on-vllm": {"engine": "vllm", "lookahead.method": "ngram", "lookahead.numSpeculativeTokens": 6},
+    "ngram-replacing-the-fleets-method": {"engine": "vllm", "lookahead.method": "ngram",
+                                          "lookahead.replaceExisting": True},
     "explicit-batch-sizes": {"load.batchSizes": [1, 2, 4, 8, 16, 64]},
     "live-mode": {"load.mode": "live", "load.livePercent": "5%"},
     "integer-percents-and-waves": {"analysis.maxThroughputRegression": 3, "promotion.waves": [25, "50%", 100]},
@@ -189,6 +192,8 @@ INVALID = {
     "in-without-values": ({"targets.selector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
                           "spec.targets.selector.matchExpressions[0].values"),
     "unknown-engine": ({"engine": "tensorrt"}, "spec.engine"),
+    "tensorrt-llm-not-supported": ({"engine": "trtllm"}, "spec.engine"),
+    "replace-existing-not-a-bool": ({"lookahead.replaceExisting": "maybe"}, "spec.lookahead.replaceExisting"),
     "guard-power-within-tolerance": ({"promotion.guard.minDetectableRegression": "2%"},
                                      "spec.promotion.guard.minDetectableRegression"),
     "guard-power-within-guard-tolerance": ({"promotion.guard.maxThroughputRegression": "30%"},

@@ -169,6 +169,50 @@ def test_node_is_ready_with_containerd_and_the_imported_images(env):
     assert node.timings["kubelet_ready"] < 30
 
 
+def test_the_node_advertises_eight_gpus_and_the_scheduler_counts_them(env):
+    """A GPU pool as the scheduler sees it (issue 23): ``nvidia.com/gpu`` in the node's allocatable
+    (dev/node.py EXTENDED_RESOURCES); pods that request all eight run, one more waits Unschedulable
+    with the scheduler's reason, and runs once a GPU is free."""
+    api, node = env["api"], env["node"]
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    assert core.read_node(node.name).status.allocatable.get("nvidia.com/gpu") == "8"
+    ns = _namespace(api, "node-gpus")
+
+    def gpu_deployment(name: str, replicas: int, gpus: int) -> dict:
+        dep = _engine_deployment(name, command=SHELL_FORM, env_vars={"ENGINE_PORT": "8000"})
+        dep["spec"]["replicas"] = replicas
+        dep["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+            "requests": {"cpu": "10m", "nvidia.com/gpu": str(gpus)}, "limits": {"nvidia.com/gpu": str(gpus)}}
+        return dep
+
+    def pods(app: str) -> list:
+        return core.list_namespaced_pod(ns, label_selector=f"app={app}").items
+
+    def scheduled(pod) -> bool:
+        return any(c.type == "PodScheduled" and c.status == "True" for c in pod.status.conditions or [])
+
+    apps.create_namespaced_deployment(ns, gpu_deployment("pool", 2, 4))
+    wait_for(lambda: len(pods("pool")) == 2 and all(scheduled(p) for p in pods("pool")), 60,
+             "two pods of four GPUs each scheduled", interval=0.5)
+    apps.create_namespaced_deployment(ns, gpu_deployment("one-more", 1, 1))
+
+    def unschedulable():
+        for p in pods("one-more"):
+            for c in p.status.conditions or []:
+                if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                    return c.message
+        return None
+
+    why = wait_for(unschedulable, 60, "the ninth GPU's pod to be Unschedulable", interval=0.5)
+    assert "Insufficient nvidia.com/gpu" in why, why
+    apps.patch_namespaced_deployment_scale("pool", ns, {"spec": {"replicas": 1}})
+    wait_for(lambda: pods("one-more") and all(scheduled(p) for p in pods("one-more")), 90,
+             "the pending pod scheduled once four GPUs are free", interval=0.5)
+    # the kubelet's own status updates keep what was advertised
+    assert core.read_node(node.name).status.capacity.get("nvidia.com/gpu") == "8"
+    core.delete_namespace(ns)
+
+
 def test_engine_deployment_from_the_local_image_becomes_available(engine):
     pod = engine["pod"]
     assert pod.status.phase == "Running"

@@ -13,8 +13,8 @@ Rules that hold in every phase:
 
 * Every piece of progress is in the status (``status.progress``) or in labelled objects, so an
   operator killed at any instant resumes from the next snapshot; every action is idempotent.
-* Every wait is bounded: Launching and each wave's rollout by ``promotion.rolloutDeadline``,
-  Measuring by ``analysis.deadline``, a wave's or the guard's data by ``analysis.deadline``.
+* Every wait is bounded: Launching and each wave's rollout by ``promotion.rolloutDeadline``, or
+  when it is unset by the fleet's own readiness, at least 10m (``clocks.launch_deadline``), Measuring by ``analysis.deadline``, a wave's or the guard's data by ``analysis.deadline``.
   Each deadline ends in an exact state: nothing promoted, or every promoted Deployment restored.
 * What could not be read (``Observed.read_errors``) is data: it shows in the ``MetricsAvailable``
   condition, gives no verdict and no guard pass, and the deadlines above still fire. Missing

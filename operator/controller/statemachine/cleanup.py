@@ -22,7 +22,7 @@ def _clean_up(ctx: PassContext) -> list[tuple[str, str]]:
     promoted = [t.key for t in world.targets if t.owner == world.key and t.promoted and t.key not in ctx.left_to_users]
     _restore(ctx, promoted)
     ctx.act(ActionKind.DELETE_LOAD)
-    ctx.act(ActionKind.DELETE_ROLES)
+    ctx.delete_roles()
     # (the handler releases only what this policy owns and never drops a promoted one's saved template)
     rest = [t.key for t in world.targets if t.key not in ctx.left_to_users]
     if rest:
@@ -69,7 +69,8 @@ def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str)
     edited = [t.key for t in ours if t.key in left]
     ours = [t for t in ours if t.key not in edited]
     promoted = [t.key for t in ours if t.promoted]
-    plan = [Action(ActionKind.DELETE_LOAD), Action(ActionKind.DELETE_ROLES)]
+    carved = tuple(sorted(t.key for t in targets if t.carved and t.owner in (me, None)))
+    plan = [Action(ActionKind.DELETE_LOAD), Action(ActionKind.DELETE_ROLES, targets=carved)]
     if edited:
         plan.append(Action(ActionKind.LEAVE, targets=tuple(sorted(edited))))
     if promoted and status.phase in MID_ROLLOUT | {Phase.Pending, Phase.Preflight, Phase.Launching,

@@ -1,14 +1,19 @@
 """The rollout's clocks: until when a step measures (``step_deadline``), when a load run starts
 counting (fresh load Jobs, their pods running), a guard starting afresh from its first batch size,
-and pause and resume (every clock frozen, then shifted by the pause)."""
+pause and resume (every clock frozen, then shifted by the pause), and how long pods may take to
+become ready (``launch_deadline``, ``rollout_deadline``: the policy's, else the fleet's own)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from lookahead_canary import units
 from lookahead_operator.controller.statemachine.context import C, PassContext
-from lookahead_operator.controller.world import ActionKind
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.controller.statemachine.user_edits import in_play, role_source
+from lookahead_operator.controller.world import ActionKind, Target
+from lookahead_operator.api.spec import DEFAULT_ROLLOUT_DEADLINE, LookaheadPolicySpec
 from lookahead_operator.api.status import Phase, Progress
 
 
@@ -25,6 +30,57 @@ def step_deadline(spec: LookaheadPolicySpec, planned: int, step: int, measuring_
     analysis deadline used to take it off the last one. A step always measures its own
     stepDuration, even past this (a step before it waited on pods)."""
     return measuring_since + spec.analysis.deadline * (min(step, planned - 1) + 1) / max(1, planned)
+
+
+#: The margin on a measured load time: a new pod may load slower than the fleet's did (a cold
+#: node pulls the image, a busy one reads the weights slower).
+LOAD_MARGIN = 1.5
+
+
+def spell(td: timedelta) -> str:
+    """A duration as the spec writes it ("15m", "1h2m30s")."""
+    return units.format_duration(_seconds(td))
+
+
+def fleet_deadline(policy: timedelta | None, targets: Iterable[Target]) -> tuple[timedelta, str]:
+    """How long pods of ``targets``' templates may take to become ready, and where that came from
+    (a phrase for the messages): ``promotion.rolloutDeadline`` (``policy``) when the policy sets
+    it; else the largest of the default (10m) and what each target's own Deployment says
+    (``world.LoadBudget``): its engine container's probe budget, its progressDeadlineSeconds, and
+    ``LOAD_MARGIN`` times the measured load time of its current pods."""
+    if policy is not None:
+        return policy, "promotion.rolloutDeadline"
+    targets = list(targets)
+    best, why = DEFAULT_ROLLOUT_DEADLINE.total_seconds(), ""
+    for t in targets:
+        whose = "the fleet's" if len(targets) == 1 else f"{t.namespace}/{t.name}'s"
+        lb = t.load_budget
+        said = [(lb.probe_s, f"{whose} {lb.probe} allows {{}}"),
+                (lb.progress_deadline_s, f"{whose} progressDeadlineSeconds is {{}}")]
+        if lb.measured_s is not None:
+            took = spell(timedelta(seconds=round(lb.measured_s)))
+            said.append((lb.measured_s * LOAD_MARGIN, f"{whose} pods took {took} to become ready, "
+                                                      f"{LOAD_MARGIN:g}x is {{}}"))
+        for seconds, words in said:
+            if seconds is not None and seconds > best:
+                best, why = seconds, words
+    limit = timedelta(seconds=math.ceil(best))
+    if not why:
+        return limit, "the default; promotion.rolloutDeadline unset, and the fleet's readiness asks no longer"
+    return limit, f"{why.format(spell(limit))}; promotion.rolloutDeadline unset"
+
+
+def launch_deadline(ctx: PassContext) -> tuple[timedelta, str]:
+    """How long canary and control may take to become ready (Launching), and where that came from:
+    ``fleet_deadline`` of the target they are cloned from (``role_source``)."""
+    source = role_source(ctx.world)
+    return fleet_deadline(ctx.spec.promotion.rollout_deadline, [source] if source is not None else [])
+
+
+def rollout_deadline(ctx: PassContext) -> tuple[timedelta, str]:
+    """How long a wave's promoted pods may take to become available (Promoting), and where that
+    came from: ``fleet_deadline`` over the targets in play."""
+    return fleet_deadline(ctx.spec.promotion.rollout_deadline, in_play(ctx.world))
 
 
 def _new_load_run(progress: Progress) -> None:

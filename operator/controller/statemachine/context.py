@@ -72,6 +72,13 @@ class PassContext:
         self.status.message = message
         self.progress.phase_since = self.world.now
 
+    def delete_roles(self) -> None:
+        """Canary and control go; the replicas carved out of a target for them
+        (``canary.capacity: carveOut``) go back to it in the same action."""
+        world = self.world
+        self.act(ActionKind.DELETE_ROLES, targets=[t.key for t in world.targets
+                                                   if t.carved and t.owner in (world.key, None)])
+
     def act(self, kind: ActionKind, **kw) -> None:
         if "targets" in kw:
             kw["targets"] = tuple(sorted(kw["targets"]))

@@ -125,7 +125,7 @@ def _restart(ctx: PassContext) -> Plan:
                 if t.promoted and t.owner == world.key and t.key not in ctx.left_to_users]
     _restore(ctx, promoted)
     ctx.act(ActionKind.DELETE_LOAD)
-    ctx.act(ActionKind.DELETE_ROLES)
+    ctx.delete_roles()
     ctx.events.append(("Normal", "SpecChanged", f"spec changed (generation {world.generation}): measurement restarts"))
     kept = [c for c in ctx.status.conditions or [] if c.type != C.TargetsEdited] or None
     ctx.status = LookaheadPolicyStatus(phase=Phase.Pending, message="spec changed: measurement restarts",

@@ -21,7 +21,7 @@ def _guarding(ctx: PassContext) -> None:
                    "the guard"):
         return
     reason = ctx.status.decision.reason if ctx.status.decision else ""
-    ctx.act(ActionKind.DELETE_ROLES)
+    ctx.delete_roles()
     ctx.act(ActionKind.DELETE_LOAD)
     ctx.transition(Phase.Succeeded, "GuardPassed", f"guard passed; lookahead stays on. {reason}".strip())
 

@@ -6,11 +6,19 @@ from __future__ import annotations
 from datetime import datetime
 
 from lookahead_operator.controller.statemachine.cleanup import _stop
-from lookahead_operator.controller.statemachine.clocks import _load_started, _new_load_run, _seconds, step_deadline
+from lookahead_operator.controller.statemachine.clocks import (
+    _load_started,
+    _new_load_run,
+    _seconds,
+    launch_deadline,
+    spell,
+    step_deadline,
+)
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.world import ActionKind
 from lookahead_operator.measurement.results import StepMeasurement
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.spec import CanaryCapacity, LookaheadPolicySpec
+from lookahead_operator.controller import conditions
 from lookahead_operator.api.status import Phase
 
 
@@ -18,10 +26,16 @@ def _launching(ctx: PassContext) -> None:
     world, spec = ctx.world, ctx.spec
     ctx.act(ActionKind.ENSURE_ROLES)
     if not all(world.roles_ready.get(r) for r in ("canary", "control")):
-        limit = spec.promotion.rollout_deadline
+        limit, limit_from = launch_deadline(ctx)
+        unplaced = _capacity(ctx)
+        if ctx.since(ctx.progress.phase_since) >= limit and unplaced:
+            _stop(ctx, Phase.Failed, "CapacityUnavailable",
+                  f"canary and control could not be scheduled within {spell(limit)} ({limit_from}): {unplaced}; "
+                  "they were deleted and the fleet was not touched")
+            return
         if ctx.since(ctx.progress.phase_since) >= limit:
             _stop(ctx, Phase.Failed, "CanaryNotReady",
-                  f"canary and control were not ready within promotion.rolloutDeadline ({_seconds(limit):g}s); "
+                  f"canary and control were not ready within {spell(limit)} ({limit_from}); "
                   "they were deleted and the fleet was not touched")
             return
         ctx.fact(C.RolesReady, False, "Waiting", "waiting for canary and control to be ready")
@@ -33,6 +47,30 @@ def _launching(ctx: PassContext) -> None:
     ctx.status.batches = []
     ctx.transition(Phase.Measuring, "Measuring", f"measuring batch size {ctx.progress.batch_sizes[0]}")
     ctx.wait(0)
+
+
+def _capacity(ctx: PassContext) -> str | None:
+    """Whether the scheduler can place canary and control: the CapacityAvailable condition, and a
+    Warning Event the first pass it cannot (within a poll of the scheduler's verdict, not at the
+    deadline). Returns the scheduler's reason, or None. The wait goes on to the deadline (a cluster
+    autoscaler, or pods finishing elsewhere, may still make room)."""
+    world = ctx.world
+    unplaced = "; ".join(f"{role}: {why}" for role, why in sorted(world.roles_unschedulable.items()))
+    if not unplaced:
+        if {"canary", "control"} <= world.roles_scheduled:
+            ctx.fact(C.CapacityAvailable, True, "Scheduled", "the scheduler placed canary and control")
+        return None
+    if ctx.spec.canary.capacity == CanaryCapacity.surge:
+        hint = ("canary.capacity is surge (they need room beside the fleet): set spec.canary.capacity: carveOut "
+                "to take their replicas out of the fleet instead")
+    else:
+        hint = "canary.capacity is carveOut: the pods taken out of the fleet have not freed enough yet"
+    message = f"{unplaced}; {hint}"
+    before = conditions.get(world.status.conditions, C.CapacityAvailable)
+    if before is None or before.status != "False":
+        ctx.events.append(("Warning", "CapacityUnavailable", message))
+    ctx.fact(C.CapacityAvailable, False, "CapacityUnavailable", message)
+    return unplaced
 
 
 def _measuring(ctx: PassContext) -> None:

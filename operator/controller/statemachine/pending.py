@@ -4,7 +4,10 @@ candidate, and which batch sizes to measure)."""
 from __future__ import annotations
 
 from lookahead_operator.controller.statemachine.context import C, PassContext
+from lookahead_operator.controller import fleet
+from lookahead_operator.controller.statemachine.user_edits import role_source
 from lookahead_operator.controller.world import ActionKind
+from lookahead_operator.api.spec import CanaryCapacity
 from lookahead_operator.api.status import Decision, DecisionAction, Phase, TargetStatus
 
 
@@ -19,6 +22,14 @@ def _pending(ctx: PassContext) -> None:
         names = ", ".join(f"{t.namespace}/{t.name} (owned by {t.owner})" for t in taken)
         ctx.fact(C.TargetsFound, False, "Conflict",
                  f"refused: another LookaheadPolicy owns {names}; a Deployment can be owned by one policy only")
+        ctx.wait(world.poll_s)
+        return
+    owned = [t for t in world.targets if t.owned_by]
+    if owned:  # its owner would put its own template back over every write of ours: claim nothing
+        names = "; ".join(f"{t.namespace}/{t.name} is managed by {t.owned_by}" for t in owned)
+        ctx.fact(C.TargetsFound, False, "OwnedByController",
+                 f"refused: {names}; the operator's changes would be reverted by it: targeting the owner's workload "
+                 "is not supported yet (leave it out of spec.targets)")
         ctx.wait(world.poll_s)
         return
     engines = sorted({t.engine or "unknown" for t in world.targets})
@@ -53,8 +64,77 @@ def _preflight(ctx: PassContext) -> None:
         note = f" (auto batch sizes {sizes} cut to {sizes[:fit]}: analysis.deadline fits {fit} steps)"
         sizes = sizes[:fit]
     ctx.progress.batch_sizes = sizes
+    short = _carve_out_short(ctx)
+    if short:
+        ctx.act(ActionKind.RELEASE, targets=[t.key for t in world.targets])
+        ctx.fact(C.Accepted, False, "CapacityUnavailable", short)
+        ctx.transition(Phase.Failed, "CapacityUnavailable", short, warning=True)
+        return
+    _pool(ctx)
     ctx.act(ActionKind.ENSURE_ROLES)
     ctx.transition(Phase.Launching, "CandidateConfirmed",
                    f"preflight {world.preflight.status.verdict or 'Unknown'}; launching canary and control; "
                    f"batch sizes {sizes}{note}")
     ctx.wait(world.poll_s)
+
+
+def _carve_out_short(ctx: PassContext) -> str | None:
+    """With ``canary.capacity: carveOut``, why the fleet cannot give canary and control their
+    replicas (the target they are cloned from must keep one serving), else None."""
+    spec = ctx.spec
+    if spec.canary.capacity != CanaryCapacity.carve_out:
+        return None
+    source = role_source(ctx.world)
+    if source is None:
+        return None
+    need = 2 * spec.canary.replicas
+    have = source.replicas + source.carved
+    if have <= need:
+        return (f"canary.capacity carveOut takes {need} replica(s) (canary and control, {spec.canary.replicas} each) "
+                f"out of {source.namespace}/{source.name}, which has {have}: it must keep one serving. Scale it to "
+                f"{need + 1} or more, lower spec.canary.replicas, or use canary.capacity: surge; nothing was created")
+    # promoted whole, a target rolls out by its own strategy, while canary and control still hold
+    # what was carved out: on a full pool that rollout must not need a spare pod
+    for t in sorted(ctx.world.targets, key=lambda t: t.key):
+        if t.key in ctx.left_to_users:
+            continue
+        replicas = have - need if t.key == source.key else t.replicas
+        if fleet.rollout_unavailable(t, replicas) == 0:
+            return (f"canary.capacity carveOut (a full pool: no spare accelerator): {t.namespace}/{t.name}'s "
+                    f"rollout strategy (maxSurge {t.max_surge}, maxUnavailable {t.max_unavailable} of {replicas} "
+                    "replicas) takes no pod down before its successor is up, so its promotion would wait for a "
+                    "spare GPU forever. Set its spec.strategy.rollingUpdate.maxUnavailable to 1 (and maxSurge to "
+                    "0), or use canary.capacity: surge on a pool with room; nothing was created")
+    return None
+
+
+def _pool(ctx: PassContext) -> None:
+    """Before canary and control are created: does the pool have what the capacity mode needs?
+    ``surge`` needs 2 x canary.replicas fleet pods' worth of each accelerator free; ``carveOut``
+    none. Said as the CapacityAvailable condition (and a Warning Event when short); a short pool
+    does not stop the launch (an autoscaler may add nodes): the scheduler's verdict on the pods
+    follows within a pass of it."""
+    world, spec = ctx.world, ctx.spec
+    if not world.accelerators:
+        return
+    pods = 2 * spec.canary.replicas
+    if spec.canary.capacity == CanaryCapacity.carve_out:
+        ctx.fact(C.CapacityAvailable, True, "CarveOut", f"canary.capacity carveOut: canary and control take {pods} "
+                                                         "of the fleet's pods' room; no spare accelerator needed")
+        return
+    if world.pool is None:
+        ctx.fact(C.CapacityAvailable, False, "PoolUnknown", "could not read the pool's free accelerators "
+                 f"({world.pool_error or 'no answer'}); canary and control are created and the scheduler will say")
+        return
+    short = [f"{free} of {total} {name} free, surge needs {pods * each} ({pods} pods x {each})"
+             for name, each in sorted(world.accelerators.items())
+             for free, total in [world.pool.get(name, (0, 0))] if free < pods * each]
+    if not short:
+        have = ", ".join(f"{world.pool[n][0]} of {world.pool[n][1]} {n} free" for n in sorted(world.accelerators))
+        ctx.fact(C.CapacityAvailable, True, "PoolHasRoom", f"the pool has room for canary and control ({have})")
+        return
+    message = (f"the pool has {'; '.join(short)}: canary and control will wait for room (an autoscaler may add "
+               "it) until the launch deadline; set spec.canary.capacity: carveOut to take their replicas out of "
+               "the fleet instead")
+    ctx.fact(C.CapacityAvailable, False, "CapacityUnavailable", message)
+    ctx.events.append(("Warning", "CapacityUnavailable", message))

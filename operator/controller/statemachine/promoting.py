@@ -4,7 +4,13 @@ guarded, then on to the next wave or to Guarding."""
 from __future__ import annotations
 
 from lookahead_operator.controller.statemachine.cleanup import _roll_back
-from lookahead_operator.controller.statemachine.clocks import _new_load_run, _reset_guard_legs, _seconds
+from lookahead_operator.controller.statemachine.clocks import (
+    _new_load_run,
+    _reset_guard_legs,
+    _seconds,
+    rollout_deadline,
+    spell,
+)
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.guarding import _guard_legs
 from lookahead_operator.controller.builders import wave_pods
@@ -122,18 +128,19 @@ def _rolled_out(t: Target) -> bool:
 
 
 def _late(ctx: PassContext, wave: int, late: list[str]) -> bool:
-    """Past ``promotion.rolloutDeadline`` since the wave started: rolled back, naming what is late."""
-    limit = ctx.spec.promotion.rollout_deadline
+    """Past the rollout deadline (``clocks.rollout_deadline``: ``promotion.rolloutDeadline``, else
+    the fleet's own) since the wave started: rolled back, naming what is late and the deadline."""
+    limit, limit_from = rollout_deadline(ctx)
     if ctx.since(ctx.progress.wave_started_at) < limit:
         return False
     _roll_back(ctx, "RolloutTimeout", f"wave {wave + 1}: {', '.join(late)} not available within "
-                                      f"promotion.rolloutDeadline ({_seconds(limit):g}s)")
+                                      f"{spell(limit)} ({limit_from})")
     return True
 
 
 def _rolling_out(ctx: PassContext, wave: int, members: list[tuple[str, str]]) -> bool:
     """Whether the wave's targets are still rolling out (the pass waits), or failed to within
-    ``promotion.rolloutDeadline`` (rolled back); False once all are rolled out."""
+    the rollout deadline (``clocks.rollout_deadline``; rolled back); False once all are rolled out."""
     world = ctx.world
     if all(_rolled_out(t) for t in world.targets if t.key in members):
         return False

@@ -102,7 +102,7 @@ def test_defaults_match_the_design_sketch():
     assert an.confidence == 0.99 and an.deadline == timedelta(minutes=30)
     assert an.sample_interval == timedelta(seconds=5) and spec.samples_per_step() == 18
     pr = spec.promotion
-    assert pr.mode == "regimeAware" and pr.waves == [10, 50, 100] and pr.rollout_deadline == timedelta(minutes=10)
+    assert pr.mode == "regimeAware" and pr.waves == [10, 50, 100] and pr.rollout_deadline is None  # unset: the fleet's
     assert pr.guard.duration == timedelta(minutes=10) and pr.guard.max_throughput_regression is None
     assert pr.require_approval is False
     assert spec.paused is False
@@ -209,6 +209,7 @@ INVALID = {
     "In without values": (spec_with(**{"targets.selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}),
                           "values"),
     "unknown engine": (spec_with(engine="tensorrt"), "engine"),
+    "TensorRT-LLM is not supported": (spec_with(engine="trtllm"), "engine"),
     "unknown method": (spec_with(**{"lookahead.method": "medusa"}), "method"),
     "negative window": (spec_with(**{"lookahead.window": -1}), "window"),
     "ngram < 2": (spec_with(**{"lookahead.ngram": 1}), "ngram"),

@@ -191,7 +191,7 @@ def test_a_user_edit_of_a_target_promoted_in_part_is_seen_and_gives_the_replicas
     assert b.user_edited(lent)
     patch = b.give_back_patch(lent)
     assert patch["spec"] == {"replicas": 10}
-    assert patch["metadata"]["annotations"] == {b.ANNOTATION_PROMOTED_PODS: None}
+    assert patch["metadata"]["annotations"] == {b.ANNOTATION_PROMOTED_PODS: None, b.ANNOTATION_CARVED_OUT: None}
     assert b.give_back_patch(claimed()) == {}
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.api.policy import LookaheadPolicy
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.spec import DEFAULT_ROLLOUT_DEADLINE, LookaheadPolicySpec
 from lookahead_operator.api.status import (
     BatchResult,
     ConditionType,
@@ -43,7 +43,7 @@ def example_spec(**edits) -> LookaheadPolicySpec:
 SPEC = example_spec(**{"load.batchSizes": [1, 8]})
 STEP = SPEC.load.step_duration                  # 2m, the default
 DEADLINE = SPEC.analysis.deadline               # 30m
-ROLLOUT = SPEC.promotion.rollout_deadline       # 10m
+ROLLOUT = DEFAULT_ROLLOUT_DEADLINE              # 10m: the example leaves promotion.rolloutDeadline unset
 
 
 def world(status=None, **kw):

@@ -154,6 +154,27 @@ def test_undoing_a_promotion_by_hand_is_an_edit_and_a_promotion_without_a_digest
     assert not b.user_edited(legacy), "cannot be told apart: the old behaviour"
 
 
+def test_a_gitops_self_heal_mid_rollout_is_an_edit_left_to_the_user_and_its_replica_count_stands():
+    """Argo CD's selfHeal (or Flux) applies Git's manifest over a promoted, carved-out target: its
+    template is the saved original again and its replicas Git's. Seen as the user's edit (left to
+    them: neither promoted again nor restored), and letting go adds no carved replica on top of
+    Git's count."""
+    c = claim(deployment())
+    c["spec"]["replicas"] = 4
+    c["metadata"]["annotations"][b.ANNOTATION_CARVED_OUT] = "2/4"
+    c["spec"]["replicas"] = 2
+    p = promote(c)
+    healed = copy.deepcopy(p)
+    healed["spec"]["template"] = copy.deepcopy(c["spec"]["template"])   # Git's template
+    healed["spec"]["replicas"] = 4                                       # Git's replicas
+    assert b.user_edited(healed)
+    let_go = b.let_go_patch(healed)
+    assert let_go["spec"] == {"replicas": 4}
+    assert all(v is None for v in let_go["metadata"]["annotations"].values())
+    # (without the self-heal, letting go gives the two back)
+    assert b.let_go_patch(p)["spec"] == {"replicas": 4}
+
+
 def test_promote_body_replaces_the_template_wholesale_keeps_the_rest_and_is_idempotent():
     c = claim(deployment())
     c["spec"]["replicas"] = 5
