@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from lookahead_operator.controller import builders as b
+from lookahead_canary import units
 from lookahead_operator import engines
 from lookahead_operator.controller import fleet, loadjobs
 from lookahead_operator.measurement import measure
@@ -37,6 +38,18 @@ from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
 #: world.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
 #: waits on wake it at once, and a pass that finds nothing new reads only the watched caches.
 POLL_S = float(os.environ.get("LOOKAHEAD_POLL_SECONDS", "30"))
+#: The launch and rollout deadline when neither a policy (promotion.rolloutDeadline) nor its fleet's
+#: readiness asks for longer: the chart's operator.defaultRolloutDeadline (a cluster whose models all
+#: load slowly may raise it). A duration ("10m").
+def _duration_env(name: str, default: str) -> timedelta:
+    raw = os.environ.get(name) or default
+    try:
+        return timedelta(seconds=units.parse_duration(raw))
+    except ValueError as exc:
+        raise SystemExit(f"{name}={raw!r}: {exc} (a duration such as 10m)") from None
+
+
+DEFAULT_DEADLINE = _duration_env("LOOKAHEAD_DEFAULT_ROLLOUT_DEADLINE", "10m")
 
 
 def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
@@ -46,7 +59,7 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     meta = body["metadata"]
     world = Observed(now=now, name=meta["name"], namespace=meta["namespace"],
                         generation=int(meta.get("generation", 1)), spec=spec, status=status, spec_error=spec_error,
-                        poll_s=POLL_S)
+                        poll_s=POLL_S, default_deadline=DEFAULT_DEADLINE)
     if len(meta["name"]) > MAX_POLICY_NAME:
         return world  # nothing can have been created: our labels could not hold the name
     if spec is None:

@@ -8,10 +8,10 @@ none of the controller's logic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.spec import DEFAULT_ROLLOUT_DEADLINE, LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
 from lookahead_operator.measurement.results import GuardCheck, GuardPods, PreflightResult, StepMeasurement
 
@@ -136,6 +136,9 @@ class Observed:
     # in Promoting and Guarding: promoted, not-yet-promoted and control pods as the guard compares them
     guard_sides: GuardPods = field(default_factory=GuardPods)
     poll_s: float = 5.0                # how often to look at what only a poll shows (rollouts, guard data)
+    # the launch and rollout deadline when neither the policy nor the fleet asks for longer (the
+    # operator's LOOKAHEAD_DEFAULT_ROLLOUT_DEADLINE, the chart's operator.defaultRolloutDeadline)
+    default_deadline: timedelta = DEFAULT_ROLLOUT_DEADLINE
 
     @property
     def key(self) -> str:

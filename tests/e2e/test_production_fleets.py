@@ -6,6 +6,8 @@ module's one operator (tests/e2e/together.py):
   then five, then all ten, each wave rolled out and guarded before the next. The user's Deployment
   lends replicas to the policy's wave Deployment while it is promoted in part, and gets them back
   with the promoted template at the last wave; no user request fails on the way.
+* a fleet whose engine takes longer to load than the default deadline, and an engine whose
+  /version says an older release than its image tag (issue 23), below;
 * a full GPU pool (issue 23): the node's eight ``nvidia.com/gpu`` (dev/node.py) all held by a
   fleet of four tensor-parallel-2 pods. With the default ``canary.capacity: surge`` the canary and
   control cannot be placed, and the policy says CapacityUnavailable with the scheduler's reason
@@ -27,18 +29,35 @@ from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import EXTENDED_RESOURCES
 
 from . import together
-from .helpers import (GOOD_GPU, apply_policy, assert_no_failed_requests, engine_deployment, events_of, get_policy,
+from .conftest import OperatorPod
+from .helpers import (ENGINE_IMAGE, GOOD_GPU, apply_policy, assert_no_failed_requests, engine_deployment, events_of, get_policy,
                       make_namespace, no_leftovers, policy, production_traffic, sanitized, serve)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 scenarios = together.Scenarios()
 
+#: The launch clocks of slow_loading_fleet_is_waited_for, scaled down twentyfold: a 12-minute model
+#: load is 36 s, a 15-minute startup probe 45 s, a 20-minute progressDeadlineSeconds 60 s, and the
+#: operator's 10m default deadline 30 s (the chart's operator.defaultRolloutDeadline, set below).
+SCALE = 20
+
 
 @pytest.fixture(scope="module")
-def running(request, kube_api, operator_pod, prometheus, tmp_path_factory):
+def operator_pod(devcluster, crd_installed, real_node, prometheus):
+    """The module's operator, `helm install`ed as in conftest, with its default launch deadline
+    scaled down (``SCALE``): 30s for 10m. No other scenario here relies on the default: their fleets'
+    own progressDeadlineSeconds (600 s) sets their deadlines as it did before."""
+    op = OperatorPod(devcluster, real_node)
+    op.install("--set", f"operator.defaultRolloutDeadline={600 // SCALE}s")
+    yield op
+    op.uninstall()
+
+
+@pytest.fixture(scope="module")
+def running(request, kube_api, operator_pod, prometheus, real_node, tmp_path_factory):
     yield from scenarios.run(request, kube_api, tmp_path_factory, operator_pod=operator_pod,
-                             prometheus=prometheus)
+                             prometheus=prometheus, real_node=real_node)
 
 NAME, REPLICAS = "chat-fleet", 10
 
@@ -286,4 +305,96 @@ def _gone(custom, ns: str, name: str) -> bool:
 
 def test_a_full_gpu_pool_says_capacity_unavailable_with_surge_and_promotes_with_carve_out(
         running, request, reliability):
+    running.result(request)
+
+
+# --- a model that loads slowly, on the scaled clock ------------------------------------------------
+
+def _slow_fleet(ns: str) -> dict:
+    dep = engine_deployment(ns, "chat-slow", GOOD_GPU, "chat")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    argv = " ".join(["python3", "-m", "lookahead_canary.server", *(f"'{a}'" if a.startswith("{") else a
+                                                                   for a in c["args"])])
+    # the engine loads its model for 36 s (12 minutes / SCALE) before it serves: a shell-form
+    # command, as many fleets run their engine, which the operator's canary edits in place
+    c["command"], c["args"] = ["/bin/sh", "-c"], [f"sleep {720 // SCALE} && exec {argv}"]
+    c["startupProbe"] = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1,
+                         "failureThreshold": 900 // SCALE}                      # 15 minutes / SCALE
+    dep["spec"]["progressDeadlineSeconds"] = 1200 // SCALE                      # 20 minutes / SCALE
+    return dep
+
+
+@scenarios.add
+def a_fleet_whose_model_loads_longer_than_the_default_deadline_is_waited_for(
+        apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-slow-load"
+    make_namespace(core, ns)
+    # (no production traffic: what is under test is Launching's clock, before anything is measured)
+    apps.create_namespaced_deployment(ns, _slow_fleet(ns))
+    wait_for(lambda: (apps.read_namespaced_deployment("chat-slow", ns).status.ready_replicas or 0) == 1,
+             180, "the slow fleet's pod ready", interval=1.0)
+    before = sanitized(apps, ns, "chat-slow")
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["100%"]))
+    launching = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Launching"
+                         and s, 60, "Launching", interval=0.5)
+    t0 = time.monotonic()
+    st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase")
+                  not in ("Pending", "Preflight", "Launching") and s, 240, "the end of Launching", interval=0.5)
+    took = time.monotonic() - t0
+    waiting = (_condition(launching, "RolesReady") or {}).get("message", "")
+    print(f"\n{ns}: canary and control ready after {took:.0f} s in Launching (default deadline "
+          f"{600 // SCALE} s): {st['phase']}; while waiting: {waiting}")
+    assert st["phase"] == "Measuring", (st.get("phase"), st.get("message"))
+    assert took > 600 // SCALE, f"the load ({took:.0f} s) was to outlast the default deadline"
+    assert "the fleet's progressDeadlineSeconds is 1m" in waiting or "the fleet's" in waiting, waiting
+    custom.delete_namespaced_custom_object(*_policy_path(ns, "chat"))
+    wait_for(lambda: _gone(custom, ns, "chat") and no_leftovers(apps, batch, ns, "chat"), 90,
+             "the policy and its canary and control gone", interval=1.0)
+    assert sanitized(apps, ns, "chat-slow")["spec"] == before["spec"]
+
+
+def test_a_fleet_whose_model_loads_longer_than_the_default_deadline_is_waited_for(running, request, reliability):
+    running.result(request)
+
+
+# --- an engine whose /version contradicts its image tag ------------------------------------------
+
+VLLM_TAG = "docker.io/vllm/vllm-openai:v0.33.0"
+
+
+@scenarios.add
+def an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(
+        apis, operator_pod, prometheus, real_node, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-engine-version"
+    # the engine image under a vLLM release's name (a tag says what it likes; the pod says what runs)
+    real_node.ctr("images", "tag", "--force", ENGINE_IMAGE, VLLM_TAG)
+    make_namespace(core, ns)
+    dep = engine_deployment(ns, "chat-vllm", GOOD_GPU, "chat")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    c["image"] = VLLM_TAG
+    c["args"] += ["--report-version", "0.20.1"]    # it answers GET /version as vLLM 0.20.1 would
+    apps.create_namespaced_deployment(ns, dep)
+    wait_for(lambda: (apps.read_namespaced_deployment("chat-vllm", ns).status.ready_replicas or 0) == 1,
+             120, "the fleet's pod ready", interval=1.0)
+    before = sanitized(apps, ns, "chat-vllm")
+    body = policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["100%"])
+    body["spec"]["engine"] = "vllm"
+    body["spec"]["lookahead"] = {"method": "ngram", "numSpeculativeTokens": 4}
+    apply_policy(custom, body)
+    st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") in
+                  {"Failed", "Launching", "Measuring"} and s, 90, "a verdict on the engine", interval=0.5)
+    accepted = _condition(st, "Accepted") or {}
+    print(f"\n{ns}: {st['phase']}: {accepted.get('message')}")
+    assert st["phase"] == "Failed" and accepted.get("reason") == "EngineUnsupported", st
+    message = accepted["message"]
+    assert "says 0.20.1" in message and "0.33.0" in message and "0.24.0" in message, message
+    # nothing created, the fleet untouched (nor claimed)
+    assert no_leftovers(apps, batch, ns, "chat")
+    d = sanitized(apps, ns, "chat-vllm")
+    assert d["spec"] == before["spec"] and b.ANNOTATION_OWNER not in (d["metadata"].get("annotations") or {})
+
+
+def test_an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(running, request, reliability):
     running.result(request)

@@ -42,16 +42,18 @@ def spell(td: timedelta) -> str:
     return units.format_duration(_seconds(td))
 
 
-def fleet_deadline(policy: timedelta | None, targets: Iterable[Target]) -> tuple[timedelta, str]:
+def fleet_deadline(policy: timedelta | None, targets: Iterable[Target],
+                   default: timedelta = DEFAULT_ROLLOUT_DEADLINE) -> tuple[timedelta, str]:
     """How long pods of ``targets``' templates may take to become ready, and where that came from
     (a phrase for the messages): ``promotion.rolloutDeadline`` (``policy``) when the policy sets
-    it; else the largest of the default (10m) and what each target's own Deployment says
+    it; else the largest of ``default`` (10m, or the operator's LOOKAHEAD_DEFAULT_ROLLOUT_DEADLINE:
+    ``Observed.default_deadline``) and what each target's own Deployment says
     (``world.LoadBudget``): its engine container's probe budget, its progressDeadlineSeconds, and
     ``LOAD_MARGIN`` times the measured load time of its current pods."""
     if policy is not None:
         return policy, "promotion.rolloutDeadline"
     targets = list(targets)
-    best, why = DEFAULT_ROLLOUT_DEADLINE.total_seconds(), ""
+    best, why = default.total_seconds(), ""
     for t in targets:
         whose = "the fleet's" if len(targets) == 1 else f"{t.namespace}/{t.name}'s"
         lb = t.load_budget
@@ -66,7 +68,8 @@ def fleet_deadline(policy: timedelta | None, targets: Iterable[Target]) -> tuple
                 best, why = seconds, words
     limit = timedelta(seconds=math.ceil(best))
     if not why:
-        return limit, "the default; promotion.rolloutDeadline unset, and the fleet's readiness asks no longer"
+        return limit, (f"the default, {spell(default)}; promotion.rolloutDeadline unset, and the fleet's readiness "
+                       "asks no longer")
     return limit, f"{why.format(spell(limit))}; promotion.rolloutDeadline unset"
 
 
@@ -74,13 +77,14 @@ def launch_deadline(ctx: PassContext) -> tuple[timedelta, str]:
     """How long canary and control may take to become ready (Launching), and where that came from:
     ``fleet_deadline`` of the target they are cloned from (``role_source``)."""
     source = role_source(ctx.world)
-    return fleet_deadline(ctx.spec.promotion.rollout_deadline, [source] if source is not None else [])
+    return fleet_deadline(ctx.spec.promotion.rollout_deadline, [source] if source is not None else [],
+                          ctx.world.default_deadline)
 
 
 def rollout_deadline(ctx: PassContext) -> tuple[timedelta, str]:
     """How long a wave's promoted pods may take to become available (Promoting), and where that
     came from: ``fleet_deadline`` over the targets in play."""
-    return fleet_deadline(ctx.spec.promotion.rollout_deadline, in_play(ctx.world))
+    return fleet_deadline(ctx.spec.promotion.rollout_deadline, in_play(ctx.world), ctx.world.default_deadline)
 
 
 def _new_load_run(progress: Progress) -> None:

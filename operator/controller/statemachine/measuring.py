@@ -38,7 +38,8 @@ def _launching(ctx: PassContext) -> None:
                   f"canary and control were not ready within {spell(limit)} ({limit_from}); "
                   "they were deleted and the fleet was not touched")
             return
-        ctx.fact(C.RolesReady, False, "Waiting", "waiting for canary and control to be ready")
+        ctx.fact(C.RolesReady, False, "Waiting", f"waiting for canary and control to be ready: up to "
+                 f"{spell(limit)} ({limit_from})")
         ctx.wait(world.poll_s)
         return
     ctx.fact(C.RolesReady, True, "Ready", "canary and control are ready")

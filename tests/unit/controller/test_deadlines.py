@@ -97,8 +97,8 @@ def test_the_fleets_pods_say_how_long_they_took_to_load():
 # --- the deadline and where it came from ---------------------------------------------------------
 
 @pytest.mark.parametrize("budget, policy, want, why", [
-    (LoadBudget(), None, 600, "the default; promotion.rolloutDeadline unset, and the fleet's readiness asks no longer"),
-    (LoadBudget(probe_s=120, probe="readinessProbe"), None, 600, "the default;"),
+    (LoadBudget(), None, 600, "the default, 10m; promotion.rolloutDeadline unset, and the fleet's readiness asks no longer"),
+    (LoadBudget(probe_s=120, probe="readinessProbe"), None, 600, "the default, 10m;"),
     (LoadBudget(probe_s=900, probe="startupProbe"), None, 900,
      "the fleet's startupProbe allows 15m; promotion.rolloutDeadline unset"),
     (LoadBudget(progress_deadline_s=1200), None, 1200,
@@ -190,3 +190,13 @@ def test_a_promoted_deployment_gets_the_fleets_startup_budget_to_roll_out():
     assert plan.status.phase == Phase.RolledBack and plan.status.rollback.reason == "RolloutTimeout"
     assert plan.status.rollback.message == ("wave 1: serving/a not available within 15m (serving/a's startupProbe "
                                             "allows 15m; promotion.rolloutDeadline unset)")
+
+
+def test_the_operators_default_replaces_the_10m_floor_and_a_slower_fleet_still_wins():
+    """The chart's operator.defaultRolloutDeadline (LOOKAHEAD_DEFAULT_ROLLOUT_DEADLINE) is the floor
+    in place of 10m: the e2e runs every launch clock scaled down twentyfold with it at 30s."""
+    quick = Target("serving", "a", load_budget=LoadBudget(progress_deadline_s=20))
+    assert fleet_deadline(None, [quick], timedelta(seconds=30)) == (
+        timedelta(seconds=30), "the default, 30s; promotion.rolloutDeadline unset, and the fleet's readiness asks no longer")
+    slow = Target("serving", "a", load_budget=LoadBudget(probe_s=45, probe="startupProbe", progress_deadline_s=60))
+    assert fleet_deadline(None, [slow], timedelta(seconds=30))[0] == timedelta(seconds=60)
