@@ -138,6 +138,7 @@ def test_cluster_role_is_least_privilege(helm):
         ("apps", "deployments"): read | {"create", "patch", "update", "delete"},
         ("apps", "replicasets"): read,
         ("", "pods"): read | {"patch"},       # the control's pods only, joining the fleet's Service
+        ("", "nodes"): {"get", "list"},       # preflight: the pool's allocatable accelerators (read only)
         ("batch", "jobs"): read | {"create", "delete"},
         ("", "services"): read | {"create", "patch", "delete"},
         ("", "configmaps"): read,
