@@ -278,8 +278,16 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase
     template = d["spec"]["template"]
     engine = source.engine or "reference"
     running = running_version(k, d, engine)
-    problems = list(engines.support_problems(template, engine, spec.lookahead, spec.promotion.mode == "regimeAware",
-                                             running))
+    regime_aware = spec.promotion.mode == "regimeAware"
+    problems = list(engines.support_problems(template, engine, spec.lookahead, regime_aware, running))
+    could_pass = engines.RunningVersion(_stated_release(spec, template), pod="a ready pod")
+    if problems and running.pod is None and not list(
+            engines.support_problems(template, engine, spec.lookahead, regime_aware, could_pass)):
+        # no ready pod yet (a fleet still loading its model): a pod that says the release the
+        # template states would be accepted, so wait for one to ask rather than refuse
+        world.version_wait = (f"{running.error}: waiting for one to read the {engine} version from before "
+                              "anything is claimed (a tag alone is no proof)")
+        return []
     if not problems:  # what the adapters cannot render is refused now, not at the first patch
         container = template["spec"]["containers"][b.engine_container_index(template, engines.is_engine_container)]
         for role in ROLES:
@@ -288,6 +296,15 @@ def _support_problems(k: Kube, spec: LookaheadPolicySpec, world: Observed, phase
             except engines.EngineError as exc:
                 problems.append(f"{role}: {exc}")
     return problems
+
+
+def _stated_release(spec: LookaheadPolicySpec, template: dict) -> str:
+    """The release the policy or the template states (spec.lookahead.engineVersion, else the image
+    tag), else one newer than any: only to ask whether a ready pod could be accepted at all."""
+    if spec.lookahead.engine_version:
+        return str(spec.lookahead.engine_version)
+    tagged = engines.image_version(str(b.engine_container(template, engines.is_engine_container).get("image") or ""))
+    return ".".join(map(str, tagged)) if tagged else "999.0.0"
 
 
 _VERSIONS: "OrderedDict[tuple, engines.RunningVersion]" = OrderedDict()

@@ -40,6 +40,11 @@ def reconcile(world: Observed) -> Plan:
                                            "real traffic) is not implemented in this version; use mode: sweep")
     if world.support_problems and ctx.phase in (Phase.Pending, Phase.Preflight):
         return _refuse(ctx, "EngineUnsupported", "; ".join(world.support_problems))
+    if world.version_wait and ctx.phase == Phase.Pending:
+        ctx.fact(C.Accepted, True, "Valid", "the spec is valid")
+        ctx.fact(C.TargetsFound, False, "WaitingForReadyPod", world.version_wait)
+        ctx.wait(world.poll_s)
+        return ctx.plan()
     ctx.fact(C.Accepted, True, "Valid", "the spec is valid")
     if ctx.phase not in (Phase.Pending, *TERMINAL_PHASES) and ctx.status.targets:
         _leave_new_targets_alone(ctx)

@@ -168,9 +168,19 @@ def test_an_unreadable_version_refuses_regime_aware_unless_the_spec_states_it(en
     assert "set spec.lookahead.engineVersion" in problems[0]
     stated = policy("vllm", engineVersion="0.33.0")
     assert observe._support_problems(Cluster(d, [pod(d)]), stated, world(stated, "vllm"), Phase.Pending) == []
-    # no ready pod at all: the same, naming the Deployment
-    problems = observe._support_problems(Cluster(d, [pod(d, ready=False)]), spec, world(spec, "vllm"), Phase.Pending)
-    assert "(no ready pod of serving/chat-a to read it from)" in problems[0]
+    # no ready pod at all (a fleet still loading its model): nothing refused yet, Pending waits for one
+    loading = world(spec, "vllm")
+    assert observe._support_problems(Cluster(d, [pod(d, ready=False)]), spec, loading, Phase.Pending) == []
+    assert loading.version_wait.startswith("no ready pod of serving/chat-a to read it from: waiting for one")
+    plan = sm.reconcile(loading)
+    assert plan.status.phase == Phase.Pending and not plan.actions, plan.actions
+    found = next(c for c in plan.status.conditions if c.type == ConditionType.TargetsFound)
+    assert (found.status, found.reason) == ("False", "WaitingForReadyPod")
+    # ... unless no ready pod could prove it: a template that states an older release is refused at once
+    old = fleet("vllm", "vllm/vllm-openai:v0.20.0", e.port)
+    problems = observe._support_problems(Cluster(old, [pod(old, ready=False)]), spec, world(spec, "vllm"),
+                                         Phase.Pending)
+    assert problems and "regime-aware promotion needs vLLM 0.24.0+" in problems[0], problems
     # a running version contradicting the user's statement is no proof either
     e.routes["/version"] = (200, {"version": "0.20.1"})
     problems = observe._support_problems(Cluster(d, [pod(d)]), stated, world(stated, "vllm"), Phase.Pending)
