@@ -602,11 +602,14 @@ class DevPrometheus:
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, scrape_interval: str = "1s",
                  start_timeout: float = 60.0, detached: bool = False, listen_host: str = "127.0.0.1",
                  scrape_configs: Sequence[Mapping] = (), binary: str | os.PathLike[str] | None = None,
-                 advertise_host: str = "127.0.0.1"):
+                 advertise_host: str = "127.0.0.1", web_config: Mapping | None = None):
         # ``scrape_configs``: more jobs beside the file-SD one (e.g. Kubernetes pod discovery, which
         # needs ``binary`` = the Prometheus of hack/build-prometheus.sh: Debian's lacks it).
+        # ``web_config``: Prometheus' --web.config.file (``basic_auth_users`` with bcrypt hashes,
+        # ``tls_server_config`` with absolute cert_file/key_file paths); with TLS the URL is https.
         # ``listen_host`` 0.0.0.0 lets Pods of a real node reach it at the pod bridge's host address.
         self.scrape_configs = [dict(c) for c in scrape_configs]
+        self.web_config = dict(web_config) if web_config else None
         self.binary = Path(binary) if binary else None
         self.listen_host = listen_host
         self.advertise_host = advertise_host  # the host in ``url`` (the pod bridge's address for Pods)
@@ -625,7 +628,8 @@ class DevPrometheus:
 
     @property
     def url(self) -> str:
-        return f"http://{self.advertise_host}:{self.port}"
+        scheme = "https" if self.web_config and self.web_config.get("tls_server_config") else "http"
+        return f"{scheme}://{self.advertise_host}:{self.port}"
 
     def start(self, *, same_port: bool = False) -> "DevPrometheus":
         """``same_port``: come back where a ``kill``ed one listened, on its data, so that the URLs
@@ -644,6 +648,11 @@ class DevPrometheus:
             ],
         }
         self.config_file.write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
+        web_args = []
+        if self.web_config:
+            web_file = self.state_dir / "web.yml"
+            web_file.write_text(json.dumps(self.web_config, indent=1) + "\n")
+            web_args = [f"--web.config.file={web_file}"]
         if not (same_port and self.port):
             self.port = free_port()
         self._proc = _Proc("prometheus", [
@@ -654,14 +663,24 @@ class DevPrometheus:
             "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=1d",
             "--log.level=warn",
+            *web_args,
             # pod discovery hands new targets to the scrapers after this (default 5 s)
             *(["--scrape.discovery-reload-interval=1s"] if self.scrape_configs else []),
         ], self.state_dir / "prometheus.log")
         self.pid = self._proc.pid
 
+        # behind a web config, readiness is only "it answers": a 401 to a request without credentials,
+        # over TLS not verified here (the callers verify with their CA)
+        tls = ssl._create_unverified_context() if self.url.startswith("https:") else None
+
         def ready() -> bool:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                return r.status == 200
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2, context=tls) as r:
+                    return r.status == 200
+            except urllib.error.HTTPError as exc:
+                if self.web_config and exc.code == 401:
+                    return True
+                raise
 
         try:
             wait_for(ready, self.start_timeout, "prometheus /-/ready", interval=0.1, alive=self._proc.dead)

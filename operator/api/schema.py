@@ -66,13 +66,32 @@ def _percent_in(lo: float, hi: float):
     return check
 
 
+# The longest duration a policy field takes. Without a bound, a value such as '9999999h' overflows
+# CEL's duration() (Go's int64 nanoseconds, about 2562047h) in the cross-field rules, and the
+# apiserver answers a type-conversion error on `spec` that names no field.
+MAX_DURATION = timedelta(hours=24)
+MAX_DURATION_TEXT = "24h"
+# DURATION_PATTERN with at most as many digits per part as a duration up to MAX_DURATION can need
+# (99999h, 9999999m, 99999999s, 99999999999ms: more digits are more than 24h, leading zeros
+# aside), so that CEL's duration() cannot overflow on a value it matches (32 characters at most:
+# under 700000h in all).
+BOUNDED_DURATION_PATTERN = (r"^([0-9]{1,5}(\.[0-9]+)?h|[0-9]{1,7}(\.[0-9]+)?m|[0-9]{1,8}(\.[0-9]+)?s"
+                            r"|[0-9]{1,11}(\.[0-9]+)?ms)+$")
+DURATION_LIMIT_MESSAGE = f"must be at most {MAX_DURATION_TEXT}"
+
+
 def _duration_in(v: Any) -> Any:
-    """Validator: a Go duration string ('2m') -> timedelta."""
+    """Validator: a Go duration string ('2m') -> timedelta, at most ``MAX_DURATION``."""
     if isinstance(v, timedelta):
-        return v
-    if not isinstance(v, str) or not re.fullmatch(DURATION_PATTERN, v.strip()):
+        td = v
+    elif not isinstance(v, str) or not re.fullmatch(DURATION_PATTERN, v.strip()):
         raise ValueError(f"expected a duration like '90s', '2m' or '1h30m' (units ms, s, m, h), got {v!r}")
-    return timedelta(seconds=units.parse_duration(v))
+    else:
+        td = timedelta(seconds=units.parse_duration(v)) \
+            if re.fullmatch(BOUNDED_DURATION_PATTERN, v.strip()) else None
+    if td is None or td > MAX_DURATION:
+        raise ValueError(f"{DURATION_LIMIT_MESSAGE}, got {v if isinstance(v, str) else _duration_out(v)!r}")
+    return td
 
 
 def _duration_out(v: timedelta) -> str:
@@ -136,7 +155,13 @@ Duration = Annotated[
     BeforeValidator(_duration_in),
     PlainSerializer(_duration_out, return_type=str),
     WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": 32,
-                    "description": "A Go duration: '90s', '2m', '1h30m'."}),
+                    "description": f"A Go duration: '90s', '2m', '1h30m'; at most {MAX_DURATION_TEXT}.",
+                    # on the field itself, so a value out of range is refused naming it (and the
+                    # cross-field rules, guarded by _dur_ok, skip it rather than fail on duration())
+                    "x-kubernetes-validations": [{
+                        "rule": f"!self.matches(r'{DURATION_PATTERN}') || (self.matches(r'{BOUNDED_DURATION_PATTERN}')"
+                                f" && duration(self) <= duration('{MAX_DURATION_TEXT}'))",
+                        "message": DURATION_LIMIT_MESSAGE}]}),
 ]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 FreeForm = Annotated[
@@ -199,10 +224,12 @@ def _cel(rule: str, message: str, field_path: Optional[str] = None, reason: Opti
 
 
 def _dur_ok(field: str) -> str:
-    """CEL: ``field`` is present and a well-formed duration (so ``duration()`` cannot fail on it;
-    a malformed one is reported once, by the pattern)."""
+    """CEL: ``field`` is present, a well-formed duration and at most ``MAX_DURATION`` (so
+    ``duration()`` cannot fail on it; a malformed or too long one is reported once, on the field,
+    by the pattern or the Duration type's own rule)."""
     obj, _, name = field.rpartition(".")
-    return f"(has({obj}.{name}) && {field}.matches(r'{DURATION_PATTERN}'))"
+    return (f"(has({obj}.{name}) && {field}.matches(r'{BOUNDED_DURATION_PATTERN}')"
+            f" && duration({field}) <= duration('{MAX_DURATION_TEXT}'))")
 
 
 def _obj_default(model: type) -> dict:

@@ -196,6 +196,44 @@ class LookaheadMethod(StrEnum):
     suffix = "suffix"
 
 
+#: The engines each lookahead method runs on: what their adapters render (``operator/engines/``:
+#: the reference engine runs jacobi and ngram, vLLM ngram, ngram_gpu and suffix, SGLang ngram;
+#: ``tests/unit/engines/test_adapter_contract.py`` checks the two agree). ``engine: auto`` takes
+#: any method (the detected engine's adapter refuses one it does not run, in Pending). The one
+#: source of the method/engine rule: its CEL rules and its pydantic check are both made from it.
+METHOD_ENGINES: dict[LookaheadMethod, tuple[Engine, ...]] = {
+    LookaheadMethod.jacobi: (Engine.reference,),
+    LookaheadMethod.ngram: (Engine.vllm, Engine.sglang, Engine.reference),
+    LookaheadMethod.ngram_gpu: (Engine.vllm,),
+    LookaheadMethod.suffix: (Engine.vllm,),
+}
+
+
+def _either(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def method_engine_error(method: str, engine: str) -> Optional[str]:
+    """Why ``lookahead.method`` cannot run on ``engine`` (one message per refused pair, the same in
+    the CRD's rule and the model's check), or ``None`` when it can."""
+    method, engine = LookaheadMethod(method), Engine(engine)
+    runs_on = [e.value for e in METHOD_ENGINES[method]]
+    if engine == Engine.auto or engine.value in runs_on:
+        return None
+    offers = [m.value for m, engines in METHOD_ENGINES.items() if engine in engines]
+    return (f"lookahead.method {method.value} does not run on engine {engine.value} ({engine.value} runs "
+            f"{_either(offers)}; {method.value} runs on {_either(runs_on)}): set method {_either(offers)}, "
+            f"or engine {_either(runs_on + ['auto'])}")
+
+
+def _method_engine_rules() -> list[dict]:
+    """The CEL rules of ``METHOD_ENGINES``: one per refused (method, engine) pair, with its message."""
+    return [_cel(f"!has(self.lookahead) || !has(self.lookahead.method) || !has(self.engine)"
+                 f" || self.lookahead.method != '{m.value}' || self.engine != '{e.value}'",
+                 method_engine_error(m, e), ".lookahead.method")
+            for m in LookaheadMethod for e in Engine if method_engine_error(m, e)]
+
+
 MAX_TOKENS_PER_STEP = 1024
 _JACOBI_BUDGET_CEL = f"self.method != 'jacobi' || 1 + (self.window + self.guessSet) * (self.ngram - 1) <= {MAX_TOKENS_PER_STEP}"
 
@@ -303,13 +341,26 @@ class BuiltinPrompts(StrEnum):
     summarize = "summarize"
 
 
+# Kubernetes refuses a ConfigMap key of '.' or '..' (a file name in a mounted volume).
+_CONFIGMAP_KEY_DOTS = "a ConfigMap key cannot be '.' or '..'"
+
+
 class ConfigMapKeyRef(ApiModel):
     """A key of a ConfigMap in the target's namespace: JSON lines ``{"prompt": ..., "max_tokens": ...}``."""
 
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                       description="ConfigMap name.")
     key: str = Field(default="prompts.jsonl", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
-                     description="Key in the ConfigMap.")
+                     description="Key in the ConfigMap: letters, digits, '-', '_' and '.', not '.' or '..'.",
+                     json_schema_extra={"x-kubernetes-validations": [
+                         _cel("self != '.' && self != '..'", _CONFIGMAP_KEY_DOTS)]})
+
+    @field_validator("key")
+    @classmethod
+    def _not_dots(cls, v: str) -> str:
+        if v in (".", ".."):
+            raise ValueError(_CONFIGMAP_KEY_DOTS)
+        return v
 
 
 class PromptSource(ApiModel):
@@ -376,6 +427,51 @@ class LoadResources(ApiModel):
         return {k: dict(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v}
 
 
+# An image reference has no whitespace; a blank one would leave the load Jobs unable to start.
+_IMAGE_BLANK = "an image reference has no blanks or whitespace (leave loadgenImage out for the operator's own image)"
+
+
+class TolerationOperator(StrEnum):
+    Exists = "Exists"
+    Equal = "Equal"
+
+
+class TaintEffect(StrEnum):
+    NoSchedule = "NoSchedule"
+    PreferNoSchedule = "PreferNoSchedule"
+    NoExecute = "NoExecute"
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in Kubernetes (``key`` empty with ``Exists``: every taint)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+             "a toleration with operator Exists has no value", ".value"),
+    ]})
+
+    key: Optional[str] = Field(default=None, max_length=317, pattern=r"^$|" + LABEL_KEY_PATTERN,
+                               description="The taint key; empty (with operator Exists) matches every key.")
+    operator: Optional[TolerationOperator] = Field(default=None, description="Exists or Equal (the default).")
+    value: Optional[LabelValue] = Field(default=None, description="The taint value, for operator Equal.")
+    effect: Optional[TaintEffect] = Field(default=None, description="NoSchedule, PreferNoSchedule or NoExecute; "
+                                                                    "empty: every effect.")
+    toleration_seconds: Optional[int] = Field(default=None, ge=0, le=86400 * 365,
+                                              description="For NoExecute: how long the pod stays once tainted.")
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self) -> "Toleration":
+        if self.operator == TolerationOperator.Exists and self.value:
+            raise ValueError("a toleration with operator Exists has no value")
+        return self
+
+
+class LocalObjectName(ApiModel):
+    """A reference by name to an object in the policy's namespace (an image pull Secret)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
 class LoadSpec(ApiModel):
     """How canary and control are driven.
 
@@ -421,11 +517,56 @@ class LoadSpec(ApiModel):
                     "minSamplesPerStep.")
     live_percent: Optional[Percent] = Field(
         default=None, description="live: share of the Service's traffic the canary and the control each take.")
-    loadgen_image: Optional[str] = Field(default=None, min_length=1, max_length=MAX_IMAGE,
-                                         description="Image of the load generator; default: the operator's own.")
+    loadgen_image: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_IMAGE,
+        description="Image of the load generator; default (left out): the operator's own.",
+        json_schema_extra={"x-kubernetes-validations": [_cel(r"!self.matches(r'\s')", _IMAGE_BLANK)]})
     resources: LoadResources = Field(
         default_factory=LoadResources, description="Resources of the load generator Pods.",
         json_schema_extra={"default": {}})
+    # Where the load generator Pods may run and how they pull their image. Each field left out takes
+    # the operator's default (the chart's operator.loadJobs), else none.
+    node_selector: Optional[dict[Annotated[str, Field(max_length=317)], LabelValue]] = Field(
+        default=None, description="The load generator Pods' nodeSelector (e.g. a CPU pool beside the GPU fleet).",
+        json_schema_extra={"maxProperties": MAX_LABELS, "x-kubernetes-validations": [
+            _cel(f"self.all(k, size(k) <= 317 && k.matches(r'{LABEL_KEY_PATTERN}'))",
+                 "nodeSelector keys must be valid Kubernetes label keys"),
+        ]})
+    tolerations: Optional[list[Toleration]] = Field(
+        default=None, max_length=32, description="The load generator Pods' tolerations (e.g. a tainted pool).")
+    priority_class_name: Optional[str] = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The load generator Pods' priorityClassName.")
+    image_pull_secrets: Optional[list[LocalObjectName]] = Field(
+        default=None, max_length=16,
+        description="Secrets in the policy's namespace to pull the load generator image with (a private registry).")
+
+    @field_validator("node_selector")
+    @classmethod
+    def _node_selector_keys(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        for key in v or {}:
+            if not re.fullmatch(LABEL_KEY_PATTERN, key):
+                raise ValueError(f"nodeSelector key {key!r} is not a valid Kubernetes label key")
+        return v
+
+    def pod_options(self, defaults: dict | None = None) -> dict:
+        """The load generator pod spec's nodeSelector, tolerations, priorityClassName and
+        imagePullSecrets: this spec's, each field left out taken from ``defaults`` (the operator's,
+        in the pod spec's own camelCase), absent when neither sets it."""
+        mine = self.to_dict()
+        out = {}
+        for field in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):  # (loadjobs.POD_FIELDS)
+            value = mine.get(field) if mine.get(field) is not None else (defaults or {}).get(field)
+            if value:
+                out[field] = value
+        return out
+
+    @field_validator("loadgen_image")
+    @classmethod
+    def _image(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and re.search(r"\s", v):
+            raise ValueError(_IMAGE_BLANK)
+        return v
 
     @field_validator("batch_sizes", mode="before")
     @classmethod
@@ -471,9 +612,129 @@ class LoadSpec(ApiModel):
 # spec: analysis and promotion
 
 
+#: A Secret's or ConfigMap's name (a DNS subdomain) and one of its keys (as Kubernetes allows:
+#: [-._a-zA-Z0-9]+, not "." and not starting with "..").
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DATA_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+#: analysis.prometheus.headers: at most this many, names an HTTP token (RFC 9110), values one line.
+MAX_PROMETHEUS_HEADERS = 16
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+HEADER_VALUE_PATTERN = r"^[\x20-\x7e]*$"
+#: Headers the client sets itself, or that carry credentials (which belong in a Secret: basicAuth,
+#: bearerTokenSecret), refused in analysis.prometheus.headers. Lower case.
+RESERVED_HEADERS = ("authorization", "proxy-authorization", "cookie", "host", "content-length", "content-type",
+                    "content-encoding", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer")
+
+
+class SecretKeySelector(ApiModel):
+    """One key of a Secret in the policy's namespace (as Kubernetes' SecretKeySelector)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The Secret's name.")
+    key: str = Field(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN, description="The key in the Secret.")
+
+
+class ConfigMapKeySelector(ApiModel):
+    """One key of a ConfigMap in the policy's namespace (as Kubernetes' ConfigMapKeySelector)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The ConfigMap's name.")
+    key: str = Field(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN, description="The key in the ConfigMap.")
+
+
+class PrometheusBasicAuth(ApiModel):
+    """HTTP basic auth, both parts from Secrets in the policy's namespace (the Prometheus Operator's ``basicAuth``)."""
+
+    username: SecretKeySelector = Field(description="The Secret key holding the user name.")
+    password: SecretKeySelector = Field(description="The Secret key holding the password.")
+
+
+class PrometheusCA(ApiModel):
+    """A PEM CA bundle: exactly one of ``secret`` or ``configMap`` (the Prometheus Operator's ``ca``)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("has(self.secret) != has(self.configMap)",
+             "analysis.prometheus.tlsConfig.ca: set exactly one of secret or configMap"),
+    ]})
+
+    secret: Optional[SecretKeySelector] = Field(default=None, description="A Secret key holding the PEM CA bundle.")
+    config_map: Optional[ConfigMapKeySelector] = Field(default=None,
+                                                       description="A ConfigMap key holding the PEM CA bundle.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "PrometheusCA":
+        if (self.secret is None) == (self.config_map is None):
+            raise ValueError("analysis.prometheus.tlsConfig.ca: set exactly one of secret or configMap")
+        return self
+
+
+class PrometheusTLS(ApiModel):
+    """How an https Prometheus is verified: against the system's CAs, or ``ca`` alone."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!(has(self.ca) && has(self.insecureSkipVerify) && self.insecureSkipVerify)",
+             "analysis.prometheus.tlsConfig: set ca or insecureSkipVerify, not both", ".insecureSkipVerify"),
+    ]})
+
+    ca: Optional[PrometheusCA] = Field(default=None, description="The CA bundle that signed Prometheus' certificate "
+                                                                 "(instead of the system's CAs).")
+    insecure_skip_verify: bool = Field(default=False, description="Do not verify Prometheus' certificate (testing "
+                                                                  "only: anyone on the path can read the credentials).")
+
+    @model_validator(mode="after")
+    def _ca_or_skip(self) -> "PrometheusTLS":
+        if self.ca is not None and self.insecure_skip_verify:
+            raise ValueError("analysis.prometheus.tlsConfig: set ca or insecureSkipVerify, not both")
+        return self
+
+
+HeaderName = Annotated[str, Field(max_length=256)]
+HeaderValue = Annotated[str, Field(max_length=1024, pattern=HEADER_VALUE_PATTERN)]
+_RESERVED_CEL = "[" + ", ".join(f"'{h}'" for h in RESERVED_HEADERS) + "]"
+
+
 class PrometheusSpec(ApiModel):
+    """Where the operator reads metrics, and how it authenticates (Thanos, Mimir, managed Prometheus): at
+    most one of ``bearerTokenSecret`` and ``basicAuth``, a CA bundle, extra headers (a tenant ID)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!(has(self.bearerTokenSecret) && has(self.basicAuth))",
+             "analysis.prometheus: set at most one of bearerTokenSecret and basicAuth", ".basicAuth"),
+    ]})
+
     url: str = Field(default="http://prometheus.monitoring:9090", max_length=MAX_URL, pattern=r"^https?://[^\s]+$",
                      description="Prometheus base URL (the operator queries /api/v1/query_range).")
+    bearer_token_secret: Optional[SecretKeySelector] = Field(
+        default=None, description="Send 'Authorization: Bearer <token>', the token read from this key of a Secret in "
+                                  "the policy's namespace. Not with basicAuth.")
+    basic_auth: Optional[PrometheusBasicAuth] = Field(
+        default=None, description="HTTP basic auth from Secrets in the policy's namespace. Not with bearerTokenSecret.")
+    tls_config: Optional[PrometheusTLS] = Field(
+        default=None, description="How an https URL is verified (default: against the system's CAs).")
+    headers: Optional[dict[HeaderName, HeaderValue]] = Field(
+        default=None, max_length=MAX_PROMETHEUS_HEADERS,
+        description="Extra HTTP headers sent with every query, e.g. X-Scope-OrgID: tenant-a (Mimir, Cortex, Thanos "
+                    "tenancy). Not for credentials: Authorization, Cookie and the headers the client sets are refused.",
+        json_schema_extra={"maxProperties": MAX_PROMETHEUS_HEADERS, "x-kubernetes-validations": [
+            _cel(f"self.all(k, size(k) <= 256 && k.matches(r\"{HEADER_NAME_PATTERN}\") "
+                 f"&& !(k.lowerAscii() in {_RESERVED_CEL}))",
+                 "analysis.prometheus.headers: header names are HTTP tokens (letters, digits and !#$%&'*+.^_`|~-), "
+                 "and not Authorization, Cookie or a header the client sets (" + ", ".join(RESERVED_HEADERS) + ")"),
+        ]})
+
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        for name in v or {}:
+            if not re.fullmatch(HEADER_NAME_PATTERN, name) or name.lower() in RESERVED_HEADERS:
+                raise ValueError("analysis.prometheus.headers: header names are HTTP tokens (letters, digits and "
+                                 "!#$%&'*+.^_`|~-), and not Authorization, Cookie or a header the client sets ("
+                                 + ", ".join(RESERVED_HEADERS) + ")")
+        return v or None
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> "PrometheusSpec":
+        if self.bearer_token_secret is not None and self.basic_auth is not None:
+            raise ValueError("analysis.prometheus: set at most one of bearerTokenSecret and basicAuth")
+        return self
 
 
 class AnalysisSpec(ApiModel):
@@ -624,17 +885,13 @@ _GUARD_POWER_CEL = (f"!has(self.promotion) || !has({_GUARD_G}) || !has({_GUARD_G
                     f" || !{_GUARD_TOL}.matches(r'{PERCENT_PATTERN}')"
                     f" || double(string({_GUARD_G}.minDetectableRegression).replace('%', ''))"
                     f" > double({_GUARD_TOL}.replace('%', ''))")
-_ENGINE_METHOD_CEL = ("!has(self.lookahead) || !has(self.lookahead.method) || self.lookahead.method == 'ngram'"
-                      " || !has(self.engine) || self.engine in ['auto', 'reference']")
 
 
 class LookaheadPolicySpec(ApiModel):
     """A LookaheadPolicy: measure lookahead on a fleet, decide, and roll it out where it pays."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        _cel(_ENGINE_METHOD_CEL,
-             "lookahead.method jacobi runs only on the reference engine (vLLM and SGLang offer ngram): "
-             "use method ngram, or engine reference or auto", ".lookahead.method"),
+        *_method_engine_rules(),
         _cel(_DEADLINE_CEL, "analysis.deadline must be at least load.stepDuration", ".analysis.deadline"),
         _cel(_SAMPLES_FIT_CEL,
              "a step cannot yield load.minSamplesPerStep samples: (load.stepDuration - load.warmup) / "
@@ -659,9 +916,9 @@ class LookaheadPolicySpec(ApiModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> "LookaheadPolicySpec":
-        if self.lookahead.method == "jacobi" and self.engine in ("vllm", "sglang"):
-            raise ValueError("lookahead.method jacobi runs only on the reference engine (vLLM and SGLang offer "
-                             "ngram): use method ngram, or engine reference or auto")
+        method_engine = method_engine_error(self.lookahead.method, self.engine)
+        if method_engine:
+            raise ValueError(method_engine)
         load, analysis = self.load, self.analysis
         if analysis.deadline < load.step_duration:
             raise ValueError(f"analysis.deadline ({_duration_out(analysis.deadline)}) must be at least "

@@ -241,8 +241,12 @@ def _load_prompts(prompts) -> tuple[str, list[dict], list[dict]]:
 def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run: int, batch_size: int, url: str,
                    duration_s: float, image: str, prompts, model: str | None = None,
                    extra_labels: dict[str, str] | None = None,
-                   resources: dict[str, dict[str, str]] | None = None) -> dict:
+                   resources: dict[str, dict[str, str]] | None = None,
+                   pod_options: dict | None = None) -> dict:
     """A closed-loop load generator Job holding ``batch_size`` requests in flight against one role.
+
+    ``pod_options``: the pod spec's nodeSelector, tolerations, priorityClassName and
+    imagePullSecrets (``api.spec.LoadSpec.pod_options``: the policy's, else the operator's defaults).
 
     ``prompts`` is the policy's ``load.prompts`` (an ``api.spec.PromptSource``): a bundled set by name,
     or the team's own JSON-lines prompts mounted from their ConfigMap (in ``namespace``). The name
@@ -283,6 +287,7 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
     }
     if volumes:
         pod_spec["volumes"] = volumes
+    pod_spec.update(pod_options or {})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

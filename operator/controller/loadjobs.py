@@ -4,17 +4,48 @@ for how long, with which prompts. Pure: the policy's spec and the pods as read -
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime
+
+from pydantic import ValidationError
 
 from lookahead_operator import engines
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller.world import Target
 from lookahead_operator.controller.fleet import pod_ready
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.spec import LoadSpec, LookaheadPolicySpec
 from lookahead_operator.api.names import ANNOTATION_PROMOTED, LABEL_POD, ROLES
 
-DEFAULT_LOADGEN_IMAGE = os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
+DEFAULT_LOADGEN_IMAGE = (os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "").strip()
+                         or "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
+POD_DEFAULTS_ENV = "LOOKAHEAD_LOAD_POD_DEFAULTS"
+POD_FIELDS = ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets")
+
+
+def pod_defaults(raw: str | None) -> dict:
+    """The operator's defaults for the load generator Pods (the chart's operator.loadJobs, as JSON:
+    nodeSelector, tolerations, priorityClassName, imagePullSecrets), checked by the same rules as a
+    policy's ``load`` fields; ``ValueError`` naming the variable when they break them."""
+    if not raw or not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or set(data) - set(POD_FIELDS):
+            raise ValueError(f"expected an object with only {', '.join(POD_FIELDS)}")
+        return LoadSpec.model_validate({k: v for k, v in data.items() if v not in ("", None, [], {})}).pod_options()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"{POD_DEFAULTS_ENV} (the chart's operator.loadJobs): "
+                         f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    except ValueError as exc:  # (json.JSONDecodeError too)
+        raise ValueError(f"{POD_DEFAULTS_ENV} (the chart's operator.loadJobs): {exc}") from None
+
+
+try:
+    POD_DEFAULTS = pod_defaults(os.environ.get(POD_DEFAULTS_ENV))
+except ValueError as _exc:
+    raise SystemExit(str(_exc)) from None
 
 
 def _load_image(spec: LookaheadPolicySpec) -> str:
@@ -67,7 +98,8 @@ def guard_jobs(spec: LookaheadPolicySpec, policy: dict, wave: int, run: int, bat
         jobs.append(b.build_load_job(policy, pod["metadata"]["namespace"], role, f"w{wave}", run, batch_size, url,
                                      duration, _load_image(spec), spec.load.prompts,
                                      extra_labels={LABEL_POD: pod["metadata"]["name"]},
-                                     resources=spec.load.resources.as_container()))
+                                     resources=spec.load.resources.as_container(),
+                                     pod_options=spec.load.pod_options(POD_DEFAULTS)))
     return jobs
 
 
@@ -92,5 +124,6 @@ def step_jobs(spec: LookaheadPolicySpec, policy: dict, namespace: str, step_inde
         jobs.append(b.build_load_job(policy, namespace, role, step_index, run, batch_size, url, duration,
                                      _load_image(spec), spec.load.prompts,
                                      extra_labels={LABEL_POD: pod["metadata"]["name"]},
-                                     resources=spec.load.resources.as_container()))
+                                     resources=spec.load.resources.as_container(),
+                                     pod_options=spec.load.pod_options(POD_DEFAULTS)))
     return jobs

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 from lookahead_operator.controller import builders as b
 from lookahead_canary import units
 from lookahead_operator import engines
-from lookahead_operator.controller import fleet, loadjobs
-from lookahead_operator.measurement import measure
+from lookahead_operator.controller import fleet, loadjobs, tenancy
+from lookahead_operator.measurement import measure, prometheus
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Need, Observed, ReadError, Target
 from lookahead_operator.measurement.results import GuardPods
@@ -52,6 +52,17 @@ def _duration_env(name: str, default: str) -> timedelta:
 DEFAULT_DEADLINE = _duration_env("LOOKAHEAD_DEFAULT_ROLLOUT_DEADLINE", "10m")
 
 
+def _allow_list_env() -> dict[str, frozenset[str]]:
+    try:
+        return tenancy.parse_allow_list(os.environ.get(tenancy.ENV))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+#: The namespaces a policy may target beyond its own (``tenancy``): the chart's crossNamespaceTargets.
+CROSS_NAMESPACE = _allow_list_env()
+
+
 def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
             now: datetime) -> Observed:
     """The world as the state machine sees it, read through ``k`` (a ``cache.CachedView``, or the
@@ -71,6 +82,10 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     world.abort_requested = annotations.get(ANNOTATION_ABORT, "").lower() in ("true", "1", "yes")
 
     namespaces = k.target_namespaces(meta["namespace"], spec.targets.namespace_selector, spec.targets.namespaces)
+    refused = tenancy.refused_namespaces(meta["namespace"], namespaces, CROSS_NAMESPACE)
+    if refused:  # never read, claim or change a Deployment there (the claimed ones are still put back)
+        world.namespace_refusal = tenancy.refusal(meta["namespace"], refused, CROSS_NAMESPACE)
+        namespaces = [ns for ns in namespaces if ns not in refused]
     found = [target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector)]
     keys = {t.key for t in found}
     # Targets we touched that no longer match the selector are still ours to put back.
@@ -109,22 +124,36 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         return world  # the spec changed: the state machine restarts; measure nothing old
     need = sm.NEEDS.get(status.phase)
     policy = (meta["namespace"], meta["name"])
+    # Prometheus is queried in these phases, with the Secrets analysis.prometheus names read now (an
+    # edited Secret is picked up); one that cannot be read is a read error, like an unreachable Prometheus
+    access = prometheus_access(k, meta["namespace"], spec) if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD) else None
     try:
         if need is Need.PREFLIGHT:
-            world.preflight = measure.read_preflight(spec, world.targets)
+            world.preflight = measure.read_preflight(spec, world.targets, access=access)
         elif need is Need.STEP:
-            world.step = measure.step(spec, policy, status, now)
+            world.step = measure.step(spec, policy, status, now, access=access)
         elif need is Need.DECISION:
             source = sm.role_source(world)
             top = fleet.engine_max_batch(k.get_deployment(*source.key), source.engine) if source else None
             world.decision = with_promoted_config(measure.decision(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
         elif need is Need.GUARD:
-            world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides)
+            world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides,
+                                        access=access)
     except measure.READ_ERRORS as exc:
         world.read_errors.append(ReadError("prometheus", f"{spec.analysis.prometheus.url}: "
                                                             f"{type(exc).__name__}: {exc}"[:500]))
     return world
+
+
+def prometheus_access(k, namespace: str, spec: LookaheadPolicySpec) -> prometheus.PrometheusAccess:
+    """``analysis.prometheus`` with the Secrets (and CA ConfigMap) it names read from the policy's
+    namespace through ``k`` (``Kube.data_key``); what cannot be read is the access's ``error``
+    (``prometheus.access_from_spec``), which every query then raises as a read error."""
+    def read(kind: str, name: str, key: str) -> str:
+        return k.data_key(kind, namespace, name, key)
+
+    return prometheus.access_from_spec(spec.analysis.prometheus, read)
 
 
 def with_promoted_config(decision: Decision, spec: LookaheadPolicySpec, engine: str) -> Decision:

@@ -123,6 +123,7 @@ class Observed:
     approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves
     abort_requested: bool = False
     support_problems: list[str] = field(default_factory=list)  # what the engine version cannot do
+    namespace_refusal: str | None = None  # spec.targets reach namespaces the policy may not touch (why)
     version_wait: str | None = None    # no ready fleet pod yet to read the engine version from (why)
     roles_present: dict[str, bool] = field(default_factory=dict)
     roles_namespace: str | None = None  # where canary and control are (or are to be created)

@@ -6,6 +6,7 @@ operator killed half-way through a plan redoes the rest on the next pass without
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -267,6 +268,29 @@ class Kube:
             n += 1
         return n
 
+    def data_key(self, kind: str, namespace: str, name: str, key: str) -> str:
+        """The text under ``key`` of Secret or ConfigMap ``namespace/name`` (a Secret's value decoded
+        from base64): what ``analysis.prometheus`` names (credentials, a CA bundle). Read at each use,
+        never cached, so an edited Secret is picked up. Raises ``DataKeyError`` saying which object or
+        key cannot be read and why (never a value)."""
+        plural = {"Secret": "secrets", "ConfigMap": "configmaps"}[kind]
+        try:
+            obj = self.request("GET", f"{_CORE}/namespaces/{namespace}/{plural}/{name}", ignore=(404,))
+        except ApiException as exc:
+            raise DataKeyError(f"{kind} {namespace}/{name} could not be read ({api_message(exc)})") from None
+        if obj is None:
+            raise DataKeyError(f"{kind} {namespace}/{name} not found")
+        data = obj.get("data") or {}
+        if key not in data:
+            keys = ", ".join(sorted(data)[:20]) or "none"
+            raise DataKeyError(f"{kind} {namespace}/{name} has no key {key!r} (its keys: {keys})")
+        if kind != "Secret":
+            return data[key]
+        try:
+            return base64.b64decode(data[key], validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            raise DataKeyError(f"{kind} {namespace}/{name} key {key!r} is not UTF-8 text") from None
+
     def has_pod_monitor_crd(self) -> bool:
         """Whether the Prometheus Operator's PodMonitor CRD exists (looked up at most once a minute)."""
         if self._crd_checked and time.monotonic() - self._crd_checked[0] < 60:
@@ -291,6 +315,10 @@ class Kube:
 
 def dumps_compact(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+class DataKeyError(LookupError):
+    """A Secret's or ConfigMap's key that cannot be read (``Kube.data_key``): which, and why."""
 
 
 def api_message(exc: Exception) -> str:

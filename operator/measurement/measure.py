@@ -59,21 +59,15 @@ READ_ERRORS: tuple[type[BaseException], ...] = (prometheus.ObservationError, OSE
 PROM_TIMEOUT_S = 10
 
 
-_clients: dict[str, Any] = {}
-
-
-def _prom(spec: LookaheadPolicySpec):
-    """One client per Prometheus URL, kept: its HTTP connections are reused across passes."""
-    url = spec.analysis.prometheus.url
-    client = _clients.get(url)
-    if client is None:
-        from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
-
-        client = _clients[url] = PrometheusConnect(
-            url=url, disable_ssl=True, timeout=PROM_TIMEOUT_S,
-            retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
-    return client
+def _prom(spec: LookaheadPolicySpec, access: prometheus.PrometheusAccess | None = None):
+    """The client of every query the operator makes (``prometheus.connect``: cached per URL and
+    credentials, so its HTTP connections are reused across passes and a changed Secret gets a new
+    one). ``access``: ``analysis.prometheus`` with its Secrets read (``controller.observe``); without
+    it, the spec's URL and headers alone (a spec that names Secrets then raises
+    ``prometheus.CredentialsError``, a read error)."""
+    if access is None:
+        access = prometheus.access_from_spec(spec.analysis.prometheus)
+    return prometheus.connect(access, timeout=PROM_TIMEOUT_S)
 
 
 def interval_samples(prom, names: MetricNames, labels: dict[str, str], start: datetime, end: datetime,
@@ -210,7 +204,7 @@ PREFLIGHT_WINDOW_S = 1800.0
 
 
 def read_preflight(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget],
-                   now: float | None = None) -> PreflightResult:
+                   now: float | None = None, access: prometheus.PrometheusAccess | None = None) -> PreflightResult:
     """Preflight from the fleet's own metrics over the last ``PREFLIGHT_WINDOW_S``
     (``prometheus.fleet_signals`` of the targets' pods); an unreachable Prometheus or missing
     metrics degrade to Unknown (measurement goes ahead and says so), never to a promotion by themselves."""
@@ -218,19 +212,20 @@ def read_preflight(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget],
     missing_note = None
     if targets:
         try:
-            signals = _fleet_preflight_signals(spec, targets, time.time() if now is None else now)
+            signals = _fleet_preflight_signals(spec, targets, time.time() if now is None else now, access)
         except READ_ERRORS as exc:  # Prometheus down or refusing: say so, measure anyway
             missing_note = (f"Prometheus at {spec.analysis.prometheus.url} could not be read "
                             f"({type(exc).__name__}: {exc})")
     return _preflight_result(spec, signals, missing_note)
 
 
-def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget], now: float) -> dict[str, Any]:
+def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetTarget], now: float,
+                             access: prometheus.PrometheusAccess | None = None) -> dict[str, Any]:
     """``preflight.screen``'s input from the targets' pods (engine series by ``namespace``/``pod``,
     GPU series by either label pair), GPU_UTIL as a fraction. The engines' window closes where every
     engine series has been scraped; the GPU gauges are read up to now (dcgm-exporter is scraped on
     its own schedule, possibly after the engines' last sample)."""
-    prom = _prom(spec)
+    prom = _prom(spec, access)
     names = metric_names(targets[0].engine or "reference")
     namespaces = sorted({t.namespace for t in targets})
     pods = [t.name for t in targets]
@@ -268,7 +263,8 @@ def _preflight_result(spec: LookaheadPolicySpec, signals: dict[str, Any], missin
 
 
 def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size: int, start: datetime,
-                  end: datetime, engine: str, planned: int = 1) -> tuple[BatchComparison, dict[str, Any]]:
+                  end: datetime, engine: str, planned: int = 1,
+                  access: prometheus.PrometheusAccess | None = None) -> tuple[BatchComparison, dict[str, Any]]:
     """Canary vs control at one batch size over [start + warmup, end], window by window (both arms
     are driven at once, so window i of each covers the same wall-clock interval: drift shared by
     both cancels). The Prometheus source of the one pipeline: ``prometheus.read_window`` reads each
@@ -279,7 +275,7 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     and tail; ``family_split``). The tail (p95/p99 per-token latency from the histogram buckets
     over the whole step) is a veto: a canary faster on the mean but with a tail beyond
     ``maxTailLatencyRegression`` Regresses."""
-    prom = _prom(spec)
+    prom = _prom(spec, access)
     names = metric_names(engine)
     th = family_thresholds(spec, planned)
     start = start + spec.load.warmup
@@ -315,14 +311,15 @@ def family_thresholds(spec: LookaheadPolicySpec, planned: int) -> Thresholds:
 
 
 def step(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,
-         now: datetime) -> StepMeasurement | None:
+         now: datetime, access: prometheus.PrometheusAccess | None = None) -> StepMeasurement | None:
     p = status.progress
     sizes = p.batch_sizes or [1]
     i = p.step or 0
     if i >= len(sizes) or p.load_started_at is None:
         return None   # the step's load is not running yet: nothing to measure
     th = family_thresholds(spec, len(sizes))
-    bv, canary = batch_verdict(spec, policy, sizes[i], p.load_started_at, now, status_engine(status), len(sizes))
+    bv, canary = batch_verdict(spec, policy, sizes[i], p.load_started_at, now, status_engine(status), len(sizes),
+                               access)
     row = BatchResult.model_validate({**bv.to_status(th), "meanAcceptanceLength": canary.get("meanAcceptanceLength"),
                                       "acceptanceByPosition": canary.get("acceptanceByPosition")})
     return StepMeasurement(row=row, conclusive=bv.settled(th))
@@ -383,21 +380,22 @@ PRODUCTION_MIN_REQUESTS = 5
 
 
 def guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
-          jobs: list[dict], pods: GuardPods = GuardPods()) -> GuardCheck:
+          jobs: list[dict], pods: GuardPods = GuardPods(),
+          access: prometheus.PrometheusAccess | None = None) -> GuardCheck:
     """The guard's check this pass, in the mode the rollout guards in (``progress.guardMode``;
     until it is chosen, ``guard_mode`` reads which one the fleet needs). Both modes end in the same
     paired comparison (``guard_comparison``: ``prometheus.paired_sample`` per window, then
     ``PairedComparison``), the one the measurement's steps run."""
     mode = status.progress.guard_mode
     if mode is None:
-        return guard_mode(spec, status, now, pods)
+        return guard_mode(spec, status, now, pods, access)
     if mode == GUARD_PRODUCTION:
-        return production_guard(spec, status, now, pods)
-    return synthetic_guard(spec, policy, status, now, jobs)
+        return production_guard(spec, status, now, pods, access)
+    return synthetic_guard(spec, policy, status, now, jobs, access)
 
 
 def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: datetime,
-               pods: GuardPods) -> GuardCheck:
+               pods: GuardPods, access: prometheus.PrometheusAccess | None = None) -> GuardCheck:
     """Which guard the fleet needs, from the requests its pods started (the TTFT histogram's count)
     over the last ``PRODUCTION_LOOKBACK_S``: a fleet that serves users is guarded on their traffic
     and never given load of ours; one that served fewer than ``PRODUCTION_MIN_REQUESTS`` is
@@ -410,7 +408,7 @@ def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: da
     t0 = t1 - max(PRODUCTION_LOOKBACK_S, 4 * spec.analysis.sample_interval.total_seconds())
     labels, regex = prometheus.pod_match("namespace", "pod", sorted({ns for ns, _ in pods.targets}),
                                          [name for _, name in pods.targets], deployments=True)
-    started = prometheus.counter_increase(_prom(spec), f"{names.ttft}_count", labels, t0, t1, regex=regex,
+    started = prometheus.counter_increase(_prom(spec, access), f"{names.ttft}_count", labels, t0, t1, regex=regex,
                                           count_ended=True)
     if started is None:
         sel = prometheus.selector(labels, regex)
@@ -434,7 +432,7 @@ def _pods_selector(pods: Sequence[tuple[str, str]]) -> tuple[dict[str, str], dic
 
 
 def production_guard(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: datetime,
-                     pods: GuardPods) -> GuardCheck:
+                     pods: GuardPods, access: prometheus.PrometheusAccess | None = None) -> GuardCheck:
     """The guard on production traffic: the promoted pods of the target promoted last against the
     baseline (the fleet's pods not promoted yet and the control, which serves beside them), over
     the same windows since this guard started (plus one window, for the control to join the
@@ -448,7 +446,7 @@ def production_guard(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, n
     if not promoted or not baseline:
         return GuardCheck(False, f"guard: waiting for ready {'promoted' if not promoted else 'baseline'} pods",
                           enough_data=False, mode=GUARD_PRODUCTION)
-    prom = _prom(spec)
+    prom = _prom(spec, access)
     names = metric_names(status_engine(status))
     interval = spec.analysis.sample_interval.total_seconds()
     t0 = (start + timedelta(seconds=interval)).timestamp()
@@ -483,7 +481,7 @@ def _baseline_words(fleet_pods: int, control_pods: int) -> str:
 
 
 def synthetic_guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus,
-                    now: datetime, jobs: list[dict]) -> GuardCheck:
+                    now: datetime, jobs: list[dict], access: prometheus.PrometheusAccess | None = None) -> GuardCheck:
     """The guard of a fleet that serves no one: a promoted fleet pod and the control, both driven by
     the guard's current load Jobs at the batch size the state machine is guarding
     (``results.guard_batch_sizes``: after a regime-aware promotion one inside the lookahead range,
@@ -499,7 +497,7 @@ def synthetic_guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: 
         return GuardCheck(False, "guard: waiting for the guard load's pods to run", enough_data=False)
     pod_ns = promoted_job["metadata"]["namespace"]
     pod = promoted_job["metadata"]["labels"][api.LABEL_POD]
-    prom = _prom(spec)
+    prom = _prom(spec, access)
     names = metric_names(status_engine(status))
     interval = spec.analysis.sample_interval.total_seconds()
     start = start + timedelta(seconds=interval)  # let the closed loop fill

@@ -51,15 +51,20 @@ both are matched.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import re
 import statistics
+import tempfile
+import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import Enum
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from lookahead_operator.api.names import PROM_LABEL_ROLE as LABEL_ROLE
@@ -440,11 +445,134 @@ def increments_between(before: EngineScrape, after: EngineScrape) -> Increments:
 # Prometheus access
 
 
-def _client(prom: Any):
-    if isinstance(prom, str):
-        from prometheus_api_client import PrometheusConnect
+class CredentialsError(ObservationError):
+    """What ``analysis.prometheus`` names could not be read (a Secret, a ConfigMap, a key): the
+    message names the field and the object, never a value. Like an unreachable Prometheus, it is
+    data for the state machine (``MetricsAvailable=False``), not a crash."""
 
-        return PrometheusConnect(url=prom.rstrip("/"), disable_ssl=True)
+
+@dataclass(frozen=True)
+class PrometheusAccess:
+    """How to reach one Prometheus: ``analysis.prometheus`` with its Secrets resolved
+    (``access_from_spec``). The clients are cached by the whole value (``connect``), so a changed
+    Secret makes a new client. ``error``: what could not be read (``connect`` raises it)."""
+
+    url: str
+    bearer_token: str | None = field(default=None, repr=False)
+    basic_auth: tuple[str, str] | None = field(default=None, repr=False)
+    ca_pem: str | None = field(default=None, repr=False)
+    insecure_skip_verify: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
+    error: str | None = None
+
+    def http_headers(self) -> dict[str, str]:
+        """Every header sent with a query: the spec's, and the bearer token's ``Authorization``."""
+        out = dict(self.headers)
+        if self.bearer_token is not None:
+            out["Authorization"] = f"Bearer {self.bearer_token}"
+        return out
+
+
+#: ``read(kind, name, key)``: the text of a key of a Secret or ConfigMap in the policy's namespace
+#: (``kind``: "Secret" or "ConfigMap"); a ``LookupError`` saying why when it cannot be read.
+KeyReader = Callable[[str, str, str], str]
+
+_TOKEN = re.compile(r"^[\x21-\x7e]+$")   # one line of visible ASCII: what a header value can carry
+
+
+def access_from_spec(spec: Any, read: KeyReader | None = None) -> PrometheusAccess:
+    """``analysis.prometheus`` (an ``api.spec.PrometheusSpec``) -> a ``PrometheusAccess``, its
+    Secrets and ConfigMap read with ``read`` (the operator's: ``Kube.data_key`` in the policy's
+    namespace). What cannot be read is the access's ``error``, naming the field."""
+    url = spec.url.rstrip("/")
+    headers = tuple(sorted((spec.headers or {}).items()))
+    tls = spec.tls_config
+    where, what = "", ""
+
+    def value(path: str, kind: str, ref: Any) -> str:
+        nonlocal where, what
+        where, what = f"analysis.prometheus.{path}", f"{kind} {ref.name} key {ref.key!r}"
+        if read is None:
+            raise LookupError(f"{kind} {ref.name} was not read (no reader given)")
+        return read(kind, ref.name, ref.key)
+
+    try:
+        token = basic = ca = None
+        if spec.bearer_token_secret is not None:
+            token = value("bearerTokenSecret", "Secret", spec.bearer_token_secret).strip()
+            if not _TOKEN.match(token):
+                raise LookupError(f"{what} is empty or not one line of printable ASCII")
+        if spec.basic_auth is not None:
+            user = value("basicAuth.username", "Secret", spec.basic_auth.username).strip()
+            password = value("basicAuth.password", "Secret", spec.basic_auth.password).strip()
+            basic = (user, password)
+        if tls is not None and tls.ca is not None:
+            ref, kind = (tls.ca.secret, "Secret") if tls.ca.secret is not None else (tls.ca.config_map, "ConfigMap")
+            ca = value(f"tlsConfig.ca.{'secret' if kind == 'Secret' else 'configMap'}", kind, ref)
+            if "-----BEGIN CERTIFICATE-----" not in ca:
+                raise LookupError(f"{what} holds no PEM certificate")
+    except LookupError as exc:
+        msg = str(exc.args[0]) if exc.args else str(exc)
+        return PrometheusAccess(url=url, headers=headers, error=f"{where}: {msg}")
+    return PrometheusAccess(url=url, bearer_token=token, basic_auth=basic, ca_pem=ca,
+                            insecure_skip_verify=bool(tls is not None and tls.insecure_skip_verify), headers=headers)
+
+
+#: Clients kept (least recently used first out): one per access, so connections are reused.
+MAX_CLIENTS = 64
+_clients: "OrderedDict[tuple[PrometheusAccess, float | None], Any]" = OrderedDict()
+_clients_lock = threading.Lock()
+
+
+def _ca_file(pem: str) -> str:
+    """A file holding ``pem`` (requests verifies against a file): named by its content, in a
+    private directory under the temp dir (the chart mounts an emptyDir there)."""
+    d = Path(tempfile.gettempdir()) / f"lookahead-prometheus-ca-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    path = d / f"{hashlib.sha256(pem.encode()).hexdigest()}.pem"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(pem)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def connect(access: PrometheusAccess, timeout: float | None = None) -> Any:
+    """The one builder of Prometheus clients (``prometheus_api_client.PrometheusConnect``): the
+    access's headers (the bearer token's among them), basic auth, and TLS verification against
+    its CA bundle (else the system's, or none with ``insecureSkipVerify``); one quick retry on a
+    gateway error. Cached per access (URL and credentials) and ``timeout``. Raises
+    ``CredentialsError`` for an access whose Secrets could not be read."""
+    if access.error:
+        raise CredentialsError(access.error)
+    key = (access, timeout)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is not None:
+            _clients.move_to_end(key)
+            return client
+    import requests
+    from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
+
+    session = requests.Session()
+    session.verify = False if access.insecure_skip_verify else (_ca_file(access.ca_pem) if access.ca_pem else True)
+    client = PrometheusConnect(url=access.url, headers=access.http_headers() or None, auth=access.basic_auth,
+                               session=session, timeout=timeout,
+                               retry=Retry(total=1, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
+    with _clients_lock:
+        _clients[key] = client
+        while len(_clients) > MAX_CLIENTS:
+            _clients.popitem(last=False)   # not closed: a pass may still be using it
+    return client
+
+
+def _client(prom: Any):
+    """A client for ``prom``: a URL (no credentials), a ``PrometheusAccess``, or a client already."""
+    if isinstance(prom, str):
+        return connect(PrometheusAccess(url=prom.rstrip("/")))
+    if isinstance(prom, PrometheusAccess):
+        return connect(prom)
     return prom
 
 

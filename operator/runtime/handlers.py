@@ -30,7 +30,7 @@ from lookahead_operator.api import names as api
 from lookahead_operator.kube import cache
 from lookahead_operator.controller import conditions
 from lookahead_operator import engines
-from lookahead_operator.runtime import metrics
+from lookahead_operator.runtime import metrics, notify
 from lookahead_operator.runtime.wakeups import Wakeups, pending_namespaces
 from lookahead_operator.controller import observe
 from lookahead_operator.controller import statemachine as sm
@@ -49,6 +49,10 @@ ERROR_BACKOFF_S = float(os.environ.get("LOOKAHEAD_ERROR_BACKOFF_SECONDS", "5"))
 _kube: Kube | None = None
 #: the daemons' wake-up events and what decides which a watch event sets (one for the operator)
 wakeups = Wakeups()
+try:  # decisions, rollbacks, failures to the chart's notification sinks (none: sends nothing)
+    notifier = notify.from_env()
+except ValueError as _exc:
+    raise SystemExit(str(_exc)) from None
 
 
 def kube() -> Kube:
@@ -261,7 +265,11 @@ async def _pass(namespace: str, name: str, body, indexes: tuple) -> tuple[float 
     spec, error = parse_spec(raw)
     status = parse_status(raw)
     snap = cache.Snapshot.of(namespace, name, spec, status.targets, *indexes)
-    requeue, wrote, conflict = await asyncio.to_thread(reconcile_once, raw, spec, error, status, snap)
+    try:
+        requeue, wrote, conflict = await asyncio.to_thread(reconcile_once, raw, spec, error, status, snap)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(status.phase).inc()   # (a refused action is counted where it is)
+        raise
     return requeue, wrote[0] if wrote is not None else frozenset(), conflict
 
 
@@ -371,12 +379,13 @@ def reconcile_once(body: dict, spec: LookaheadPolicySpec | None, error: str | No
             log.info("%s: phase %s -> %s", key, world.status.phase, status.phase)
         for type_, reason, message in plan.events:  # once what they tell is on record
             actions.post_event(k, body, type_, reason, message)
+        notifier.submit(notify.notices(meta["namespace"], meta["name"], world.status, status, now.isoformat()))
         log.debug("%s: pass %s -> %s in %.3fs, next in %s", key, world.status.phase, status.phase,
                   (_now_precise() - t_pass), requeue)
         if not moved or requeue is None or requeue > 1.0:
             break
     _note_pending(key, spec, status, snap)
-    metrics.record_phase(key, status.phase)
+    metrics.record_policy(key, status)
     return requeue, _last_written(superseded, body), False
 
 
@@ -461,4 +470,4 @@ def cleanup(body, meta, **_) -> None:
     ctx = actions.Ctx(k, body, spec, world)
     for action in sm.deletion_plan(status, world.targets, world.key):
         actions.ACTIONS[action.kind](ctx, action)
-    metrics.record_phase(world.key, None)
+    metrics.record_policy(world.key, None)

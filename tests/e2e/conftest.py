@@ -57,7 +57,11 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "LOOKAHEAD_POLL_SECONDS": "1",
                "LOOKAHEAD_LOADGEN_IMAGE": image_name("loadgen"),
                "LOOKAHEAD_METRICS_PORT": str(self.metrics_port), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1",
-               "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+               "PYTHONUNBUFFERED": "1",
+               # as a cluster admin would list it: test_faults' two-namespace policy (fault-rollout-a
+               # reaching fault-rollout-b); every other policy targets its own namespace
+               "LOOKAHEAD_CROSS_NAMESPACE_TARGETS": json.dumps({"fault-rollout-a": ["fault-rollout-b"]}),
+               **(extra_env or {})}
         entry = [str(Path(__file__).with_name("chaos_operator.py"))] if chaos else ["-m", "kopf"]
         self.proc = process.start([sys.executable, *entry, "run", "--standalone", "--all-namespaces", "-m",
                                    "lookahead_operator.runtime.handlers"], self.log_dir / f"operator-{self.starts}.log",

@@ -88,3 +88,27 @@ def test_second_policy_on_same_deployment_is_refused(kube_api, operator_process)
     custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "first")
     wait_for(lambda: (apps.read_namespaced_deployment("llm", ns).metadata.annotations or {}).get(b.ANNOTATION_OWNER)
              == f"{ns}/second", timeout=90, what="second policy claims after the first is deleted", interval=0.5)
+
+
+def test_a_policy_reaching_another_namespace_is_refused_by_the_operator_itself(kube_api, operator_process):
+    """The chart's ValidatingAdmissionPolicy refuses this at apply (tests/integration/
+    test_admission_policy.py); here it is absent, as where it is bypassed: the operator refuses it,
+    naming the namespace, and claims nothing in either namespace."""
+    core, apps, custom = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    own, other = "op-tenant-a", "op-tenant-b"
+    for ns in (own, other):
+        core.create_namespace({"metadata": {"name": ns}})
+        apps.create_namespaced_deployment(ns, idle_deployment(ns, "llm", "chat"))
+    body = policy("reach", own, "chat")
+    body["spec"]["targets"]["namespaces"] = [own, other]
+    custom.create_namespaced_custom_object(GROUP, VERSION, own, PLURAL, body)
+
+    def refused():
+        c = conditions(custom.get_namespaced_custom_object(GROUP, VERSION, own, PLURAL, "reach")).get("TargetsFound")
+        return c if c and c["reason"] == "NamespaceNotAllowed" else None
+
+    cond = wait_for(refused, timeout=60, what="the policy refused for its other namespace", interval=0.5)
+    assert f"a policy in namespace {own} may not target namespace(s) {other}" in cond["message"]
+    assert cond["status"] == "False" and "crossNamespaceTargets" in cond["message"]
+    for ns in (own, other):
+        assert b.ANNOTATION_OWNER not in (apps.read_namespaced_deployment("llm", ns).metadata.annotations or {})

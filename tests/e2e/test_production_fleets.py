@@ -13,6 +13,9 @@ module's one operator (tests/e2e/together.py):
   control cannot be placed, and the policy says CapacityUnavailable with the scheduler's reason
   within a minute; with ``carveOut`` two of the fleet's replicas make room for them, the rollout
   reaches its decision and promotes on the full pool, and the fleet gets its four replicas back.
+
+The module's operator posts its notifications (issue 24) to a receiver on the host: each sink gets
+one message per decision and one per policy that ended (``assert_notified``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import threading
 import time
 
 import pytest
+from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
 
 from lookahead_operator.api.names import GROUP, PLURAL, VERSION
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import EXTENDED_RESOURCES
+from lookahead_dev.webhook_receiver import WebhookReceiver
 
 from . import together
 from .conftest import OperatorPod
@@ -37,27 +42,71 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 scenarios = together.Scenarios()
 
-#: The launch clocks of slow_loading_fleet_is_waited_for, scaled down twentyfold: a 12-minute model
-#: load is 36 s, a 15-minute startup probe 45 s, a 20-minute progressDeadlineSeconds 60 s, and the
-#: operator's 10m default deadline 30 s (the chart's operator.defaultRolloutDeadline, set below).
-SCALE = 20
+#: The launch clocks of slow_loading_fleet_is_waited_for, scaled down tenfold: a 12-minute model
+#: load is 72 s, a 15-minute startup probe 90 s, a 20-minute progressDeadlineSeconds 120 s, and the
+#: operator's 10m default deadline 60 s (the chart's operator.defaultRolloutDeadline, set below).
+#: (Twentyfold left too little room: what a pod takes to start beside it, which no clock scales,
+#: was 31 s of a 60 s deadline on a busy machine.)
+SCALE = 10
 
 
 @pytest.fixture(scope="module")
-def operator_pod(devcluster, crd_installed, real_node, prometheus):
+def receiver(real_node):
+    """Where the operator Pod posts its notifications (the chart's ``notifications``, issue 24):
+    a receiver on the host, at the pod bridge's host address, one path per sink."""
+    with WebhookReceiver("0.0.0.0", advertise=real_node.gateway) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def operator_pod(devcluster, crd_installed, real_node, prometheus, kube_api, receiver):
     """The module's operator, `helm install`ed as in conftest, with its default launch deadline
-    scaled down (``SCALE``): 30s for 10m. No other scenario here relies on the default: their fleets'
-    own progressDeadlineSeconds (600 s) sets their deadlines as it did before."""
+    scaled down (``SCALE``): 60s for 10m. No other scenario here relies on the default: their fleets'
+    own progressDeadlineSeconds (600 s) sets their deadlines as it did before. Its notifications go
+    to ``receiver``, each sink's URL from a Secret, as the chart's values.yaml tells a user to."""
+    core = CoreV1Api(kube_api)
+    try:
+        make_namespace(core, OperatorPod.NAMESPACE)
+    except ApiException as exc:
+        assert exc.status == 409, exc.body   # an earlier module's install left it
+    for sink in SINKS:
+        secret = {"metadata": {"name": f"lookahead-{sink}"}, "stringData": {"url": f"{receiver.url}/{sink}"}}
+        try:
+            core.create_namespaced_secret(OperatorPod.NAMESPACE, secret)
+        except ApiException as exc:
+            assert exc.status == 409, exc.body
+            core.replace_namespaced_secret(f"lookahead-{sink}", OperatorPod.NAMESPACE, secret)
     op = OperatorPod(devcluster, real_node)
-    op.install("--set", f"operator.defaultRolloutDeadline={600 // SCALE}s")
+    op.install("--set", f"operator.defaultRolloutDeadline={600 // SCALE}s",
+               *[a for sink in SINKS for a in ("--set", f"notifications.{sink}.secretName=lookahead-{sink}")])
     yield op
     op.uninstall()
 
 
 @pytest.fixture(scope="module")
-def running(request, kube_api, operator_pod, prometheus, real_node, tmp_path_factory):
+def running(request, kube_api, operator_pod, prometheus, real_node, receiver, tmp_path_factory):
     yield from scenarios.run(request, kube_api, tmp_path_factory, operator_pod=operator_pod,
-                             prometheus=prometheus, real_node=real_node)
+                             prometheus=prometheus, real_node=real_node, receiver=receiver)
+
+
+SINKS = ("webhook", "slack")
+
+
+def assert_notified(receiver: WebhookReceiver, ns: str, name: str, st: dict) -> None:
+    """Each sink got exactly one message for the policy's decision (when it has one) and one for
+    the phase it ended in; nothing else about it."""
+    decision = (st.get("decision") or {}).get("action")
+
+    def told():
+        hooks = [m for m in receiver.messages("/webhook") if (m["namespace"], m["policy"]) == (ns, name)]
+        slack = [m for m in receiver.messages("/slack") if f"LookaheadPolicy {ns}/{name}:" in m["text"]]
+        return (hooks, slack) if len(hooks) >= 1 + bool(decision) and len(slack) == len(hooks) else None
+
+    hooks, slack = wait_for(told, 30, f"the notifications of {ns}/{name}", interval=0.5)
+    expected = ([("decision", decision)] if decision else []) + [("finished", st["phase"])]
+    assert [(m["kind"], m["action"] if m["kind"] == "decision" else m["phase"]) for m in hooks] == expected, hooks
+    assert len(slack) == len(expected), slack
+    print(f"{ns}: notified: {[m['summary'] for m in hooks]}")
 
 NAME, REPLICAS = "chat-fleet", 10
 
@@ -87,7 +136,7 @@ def _why_out(p) -> tuple:
 
 @scenarios.add
 def one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_guarded(
-        apis, operator_pod, prometheus, tmp_path) -> None:
+        apis, operator_pod, prometheus, receiver, tmp_path) -> None:
     apps, core, custom, batch = apis
     ns = "e2e-replica-waves"
     make_namespace(core, ns)
@@ -148,6 +197,7 @@ def one_deployment_of_ten_replicas_is_promoted_1_then_5_then_10_pods_each_wave_g
             stop.set()
             watcher.join(timeout=10)
         assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-3000:])
+        assert_notified(receiver, ns, "chat", st)
         # each wave guarded on the production traffic, with no load of ours on a serving pod
         assert st["progress"]["guardMode"] == "production" and st["guard"]["enoughData"], st.get("guard")
         wait_for(lambda: len(ready_pods()) == REPLICAS and no_leftovers(apps, batch, ns, "chat"), 120,
@@ -222,7 +272,7 @@ def _condition(st: dict, type_: str) -> dict | None:
 
 @scenarios.add
 def a_full_gpu_pool_says_capacity_unavailable_with_surge_and_promotes_with_carve_out(
-        apis, operator_pod, prometheus, tmp_path) -> None:
+        apis, operator_pod, prometheus, receiver, tmp_path) -> None:
     apps, core, custom, batch = apis
     ns = "e2e-gpu-pool"
     wait_for(lambda: _gpus_held(core) == 0, 180, "no GPU held on the node", interval=1.0)
@@ -274,6 +324,9 @@ def a_full_gpu_pool_says_capacity_unavailable_with_surge_and_promotes_with_carve
                       interval=1.0)
         print(f"{ns}: carveOut: {st['phase']}: {st.get('message')}")
         assert st["phase"] == "Succeeded", (st.get("message"), st.get("guard"), operator_pod.log()[-3000:])
+        assert_notified(receiver, ns, "chat", st)
+        assert not [m for m in receiver.messages("/webhook") if (m["namespace"], m["policy"]) == (ns, "surge")], \
+            "the surge policy, deleted while Launching, decided nothing"
         wait_for(lambda: (apps.read_namespaced_deployment(GPU_FLEET, ns).status.ready_replicas or 0) == GPU_REPLICAS
                  and no_leftovers(apps, batch, ns, "chat"), 180,
                  "the fleet's four replicas back and serving, nothing of the policy's left", interval=1.0)
@@ -315,7 +368,7 @@ def _slow_fleet(ns: str) -> dict:
     c = dep["spec"]["template"]["spec"]["containers"][0]
     argv = " ".join(["python3", "-m", "lookahead_canary.server", *(f"'{a}'" if a.startswith("{") else a
                                                                    for a in c["args"])])
-    # the engine loads its model for 36 s (12 minutes / SCALE) before it serves: a shell-form
+    # the engine loads its model for 72 s (12 minutes / SCALE) before it serves: a shell-form
     # command, as many fleets run their engine, which the operator's canary edits in place
     c["command"], c["args"] = ["/bin/sh", "-c"], [f"sleep {720 // SCALE} && exec {argv}"]
     c["startupProbe"] = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1,
@@ -365,7 +418,7 @@ VLLM_TAG = "docker.io/vllm/vllm-openai:v0.33.0"
 
 @scenarios.add
 def an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(
-        apis, operator_pod, prometheus, real_node, tmp_path) -> None:
+        apis, operator_pod, prometheus, real_node, receiver, tmp_path) -> None:
     apps, core, custom, batch = apis
     ns = "e2e-engine-version"
     # the engine image under a vLLM release's name (a tag says what it likes; the pod says what runs)
@@ -394,6 +447,7 @@ def an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(
     assert no_leftovers(apps, batch, ns, "chat")
     d = sanitized(apps, ns, "chat-vllm")
     assert d["spec"] == before["spec"] and b.ANNOTATION_OWNER not in (d["metadata"].get("annotations") or {})
+    assert_notified(receiver, ns, "chat", st)      # the failure, and no decision
 
 
 def test_an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(running, request, reliability):

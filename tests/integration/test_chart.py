@@ -83,16 +83,34 @@ def test_chart_carries_the_generated_crd():
     (["--set", "metrics.port=70000"], "port"),
     (["--set", "unknownKey=1"], "unknownKey"),
     (["--set", "replicaCount=2"], "peering.enabled"),
+    # a blank load-generator image would leave every load Job unable to start
+    (["--set", "operator.loadgenImage="], "loadgenImage"),
+    (["--set-string", "operator.loadgenImage=   "], "loadgenImage"),
 ])
 def test_bad_values_are_refused(helm, args, message):
     proc = run_helm(helm, "template", "r", str(CHART), *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
+def test_the_load_generator_image_is_the_operators_unless_given(helm):
+    def loadgen_image(*extra: str) -> str:
+        (dep,) = by_kind(render(helm, "lookahead", "lookahead-system", *extra))["Deployment"]
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        return env["LOOKAHEAD_LOADGEN_IMAGE"], c["image"]
+
+    loadgen, operator_image = loadgen_image()
+    assert loadgen == operator_image and operator_image.strip()
+    assert loadgen_image("--set", "operator.loadgenImage=registry.example/loadgen:1")[0] == "registry.example/loadgen:1"
+
+
 def test_rendered_objects(helm):
     docs = by_kind(render(helm, "lookahead", "lookahead-system"))
     assert set(docs) == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                         "Deployment", "Service"}
+                         "Deployment", "Service", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    # least privilege at apply (tests/integration/test_admission_policy.py): bound to its policy, denying
+    (vap,), (binding,) = docs["ValidatingAdmissionPolicy"], docs["ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
     dep = docs["Deployment"][0]
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -126,7 +144,7 @@ def test_cluster_role_is_least_privilege(helm):
     grants: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
-        assert "secrets" not in rule["resources"], rule
+        assert "secrets" not in rule["resources"] or rule["verbs"] == ["get"], rule  # by name only
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
                 grants.setdefault((g, r), set()).update(rule["verbs"])
@@ -142,6 +160,7 @@ def test_cluster_role_is_least_privilege(helm):
         ("batch", "jobs"): read | {"create", "delete"},
         ("", "services"): read | {"create", "patch", "delete"},
         ("", "configmaps"): read,
+        ("", "secrets"): {"get"},             # analysis.prometheus credentials, by name; never list/watch
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
         ("", "namespaces"): read,
@@ -172,7 +191,7 @@ def test_template_applies_with_server_side_dry_run(kube_api, helm, namespace):
         out = _apply(dyn, doc, dry_run=True)
         assert out.metadata.name == doc["metadata"]["name"]
         results[(doc["kind"], doc["metadata"]["name"])] = out
-    assert len(results) == 6
+    assert len(results) == 8
     # The apiserver accepted the Deployment with its hardening intact (admission did not strip it).
     dep = results[("Deployment", f"{release}-lookahead-operator")].to_dict()
     c = dep["spec"]["template"]["spec"]["containers"][0]
@@ -281,9 +300,9 @@ ALLOWED = [
     ("create", "events", "events.k8s.io", ""),
     ("create", "podmonitors", "monitoring.coreos.com", ""),
     ("get", "configmaps", "", ""),
+    ("get", "secrets", "", ""),         # analysis.prometheus credentials, read by name
 ]
 DENIED = [
-    ("get", "secrets", "", ""),
     ("list", "secrets", "", ""),
     ("watch", "secrets", "", ""),
     ("create", "lookaheadpolicies", "lookahead.dev", ""),
@@ -303,10 +322,10 @@ def test_service_account_rbac(kube_api, operator_rbac):
         assert _can(kube_api, ns, sa, verb, resource, group, sub), f"should be allowed: {verb} {group}/{resource}/{sub}"
     for verb, resource, group, sub in DENIED:
         assert not _can(kube_api, ns, sa, verb, resource, group, sub), f"should be denied: {verb} {group}/{resource}/{sub}"
-    # Cluster-wide too (policies and fleets live in any namespace; secrets in none).
+    # Cluster-wide too (policies and fleets live in any namespace; secrets are read by name only).
     assert _can(kube_api, ns, sa, "list", "deployments", "apps", namespace=None)
     assert not _can(kube_api, ns, sa, "list", "secrets", namespace=None)
-    assert not _can(kube_api, ns, sa, "get", "secrets", namespace=ns)
+    assert not _can(kube_api, ns, sa, "watch", "secrets", namespace=ns)
 
 
 def test_service_account_token_really_denied_secrets(kube_api, devcluster, operator_rbac):
@@ -324,11 +343,14 @@ def test_service_account_token_really_denied_secrets(kube_api, devcluster, opera
     with client.ApiClient(cfg) as as_sa:
         sa_core = client.CoreV1Api(as_sa)
         for call in (lambda: sa_core.list_secret_for_all_namespaces(),
-                     lambda: sa_core.list_namespaced_secret(ns),
-                     lambda: sa_core.read_namespaced_secret("anything", ns)):
+                     lambda: sa_core.list_namespaced_secret(ns)):
             with pytest.raises(ApiException) as err:
                 call()
             assert err.value.status == 403, err.value.body
+        # A Secret by name (what analysis.prometheus names) is readable: not found, not forbidden.
+        with pytest.raises(ApiException) as err:
+            sa_core.read_namespaced_secret("no-such-secret", ns)
+        assert err.value.status == 404, err.value.body
         # What it needs works.
         client.AppsV1Api(as_sa).list_deployment_for_all_namespaces(limit=1)
         sa_core.list_namespace(limit=1)

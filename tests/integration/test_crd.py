@@ -172,6 +172,15 @@ VALID = {
     "reference-engine-jacobi": {"engine": "reference", "lookahead.window": 15, "lookahead.guessSet": 15},
     "small-load-resources": {"load.resources": {"requests": {"cpu": "20m", "memory": "64Mi"},
                                                 "limits": {"memory": 268435456, "cpu": 1}}},
+    "durations-at-the-24h-limit": {"promotion.rolloutDeadline": "24h", "promotion.guard.duration": "1440m",
+                                   "promotion.waveDuration": "86400s", "analysis.deadline": "86400000ms"},
+    "loadgen-image": {"load.loadgenImage": "registry.example/lookahead/loadgen:0.1.0"},
+    "load-pods-placed-and-pulled": {"load.nodeSelector": {"pool": "cpu", "kubernetes.io/arch": "amd64"},
+                                    "load.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                          "effect": "NoSchedule"}, {"operator": "Exists"}],
+                                    "load.priorityClassName": "batch-low",
+                                    "load.imagePullSecrets": [{"name": "regcred"}]},
+    "configmap-key-with-dots": {"load.prompts": {"configMapRef": {"name": "team-prompts", "key": "..prompts"}}},
 }
 
 
@@ -209,6 +218,13 @@ INVALID = {
                              "lookahead.ngram": 16}, "spec.lookahead.window"),
     "canary-replicas-0": ({"canary.replicas": 0}, "spec.canary.replicas"),
     "unknown-load-mode": ({"load.mode": "burst"}, "spec.load.mode"),
+    "load-toleration-exists-with-a-value": ({"load.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+                                            "spec.load.tolerations[0].value"),
+    "load-toleration-unknown-effect": ({"load.tolerations": [{"key": "k", "effect": "NoRun"}]},
+                                       "spec.load.tolerations[0].effect"),
+    "load-node-selector-bad-key": ({"load.nodeSelector": {"no spaces": "x"}}, "spec.load.nodeSelector"),
+    "load-pull-secret-without-name": ({"load.imagePullSecrets": [{}]}, "spec.load.imagePullSecrets[0].name"),
+    "load-priority-class-upper-case": ({"load.priorityClassName": "Batch"}, "spec.load.priorityClassName"),
     "batch-sizes-not-increasing": ({"load.batchSizes": [1, 8, 4]}, "spec.load.batchSizes"),
     "batch-sizes-repeated": ({"load.batchSizes": [1, 4, 4]}, "spec.load.batchSizes"),
     "batch-size-zero": ({"load.batchSizes": [0, 4]}, "spec.load.batchSizes[0]"),
@@ -230,6 +246,15 @@ INVALID = {
     "wave-above-100": ({"promotion.waves": ["10%", "150%"]}, "spec.promotion.waves[1]"),
     "unknown-promotion-mode": ({"promotion.mode": "yolo"}, "spec.promotion.mode"),
     "bad-guard-duration": ({"promotion.guard": {"duration": "forever"}}, "spec.promotion.guard.duration"),
+    # refused at apply, naming the field (they were accepted, then left the policy Pending)
+    "loadgen-image-empty": ({"load.loadgenImage": ""}, "spec.load.loadgenImage"),
+    "loadgen-image-blank": ({"load.loadgenImage": "   "}, "spec.load.loadgenImage"),
+    "configmap-key-dot": ({"load.prompts": {"configMapRef": {"name": "p", "key": "."}}},
+                          "spec.load.prompts.configMapRef.key"),
+    "configmap-key-dot-dot": ({"load.prompts": {"configMapRef": {"name": "p", "key": ".."}}},
+                              "spec.load.prompts.configMapRef.key"),
+    "configmap-key-with-slash": ({"load.prompts": {"configMapRef": {"name": "p", "key": "../prompts.jsonl"}}},
+                                 "spec.load.prompts.configMapRef.key"),
     # physics: a spec that can never reach a verdict
     "step-too-short-for-samples": ({"load.stepDuration": "1m", "load.warmup": "30s", "load.minSamplesPerStep": 10},
                                    "spec.load.minSamplesPerStep"),
@@ -295,6 +320,62 @@ def test_a_name_too_long_for_a_label_value_is_refused_at_apply(objects, namespac
         LookaheadPolicy.from_body(body)
     ok = example_body(f"{name[:59].rstrip('-')}-{length}", namespace)  # a name that fits is accepted
     objects.create_namespaced_custom_object(G, V, namespace, P, ok)
+
+
+# every Duration of the spec, each beyond the 24h bound: once far enough to overflow CEL's duration()
+DURATIONS = ["load.stepDuration", "load.warmup", "analysis.deadline", "analysis.sampleInterval",
+             "promotion.waveDuration", "promotion.guard.duration", "promotion.rolloutDeadline"]
+
+
+@pytest.mark.parametrize("value", ["9999999h", "25h"])
+@pytest.mark.parametrize("field", DURATIONS)
+def test_a_duration_beyond_the_limit_is_refused_naming_the_field_and_the_limit(objects, namespace, field, value):
+    """Refused on the field itself, with the limit; no rule on `spec` fails converting it (the
+    cross-field rules skip a value out of range)."""
+    name = unique_name("dur")[:63]
+    body = example_body(name, namespace)
+    _set(body["spec"], field, value)
+    with pytest.raises(ApiException) as err:
+        objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    assert err.value.status == 422, err.value.body
+    causes = json.loads(err.value.body)["details"]["causes"]
+    assert [c.get("field") for c in causes] == [f"spec.{field}"], causes
+    assert causes[0]["message"].endswith(": must be at most 24h"), causes
+    assert "conversion" not in err.value.body
+    with pytest.raises(ValueError, match="must be at most 24h"):
+        LookaheadPolicySpec.model_validate(body["spec"])
+
+
+@pytest.mark.parametrize("engine", ["auto", "vllm", "sglang", "reference"])
+@pytest.mark.parametrize("method", ["jacobi", "ngram", "ngram_gpu", "suffix"])
+def test_method_on_engine_the_apiserver_and_the_model_agree(objects, namespace, method, engine):
+    """One rule per (method, engine): accepted where the engine runs the method (and on auto),
+    else refused on spec.lookahead.method with the model's own message."""
+    from lookahead_operator.api.spec import method_engine_error
+
+    name = unique_name(f"{method}-{engine}".replace("_", "-"))[:63]
+    body = example_body(name, namespace)
+    _set(body["spec"], "engine", engine)
+    _set(body["spec"], "lookahead.method", method)
+    message = method_engine_error(method, engine)
+    runs = engine == "auto" or (method, engine) in {
+        ("jacobi", "reference"), ("ngram", "vllm"), ("ngram", "sglang"), ("ngram", "reference"),
+        ("ngram_gpu", "vllm"), ("suffix", "vllm")}
+    if runs:
+        assert message is None
+        objects.create_namespaced_custom_object(G, V, namespace, P, body)
+        stored = objects.get_namespaced_custom_object(G, V, namespace, P, name)["spec"]
+        assert LookaheadPolicySpec.model_validate(stored).lookahead.method == method
+        return
+    with pytest.raises(ApiException) as err:
+        objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    assert err.value.status == 422, err.value.body
+    causes = json.loads(err.value.body)["details"]["causes"]
+    assert [c.get("field") for c in causes] == ["spec.lookahead.method"], causes
+    assert causes[0]["message"].endswith(f": {message}"), causes
+    with pytest.raises(ValueError) as refused:
+        LookaheadPolicySpec.model_validate(body["spec"])
+    assert message in str(refused.value)
 
 
 def test_enough_invalid_cases():
@@ -423,7 +504,9 @@ def test_example_fleet_applies_and_the_example_policy_selects_its_reference_depl
         assert out.metadata.name == doc["metadata"]["name"]
     policy = LookaheadPolicy.from_body(yaml.safe_load(EXAMPLE.read_text()))
     (namespace,) = [d for d in docs if d["kind"] == "Namespace"]
-    assert policy.spec.targets.namespace_selector.matches(namespace["metadata"]["labels"])
+    # its own namespace, the fleet's (a policy reaches others only where the cluster admin allows it)
+    assert policy.spec.targets.namespaces is None and policy.spec.targets.namespace_selector is None
+    assert yaml.safe_load(EXAMPLE.read_text())["metadata"]["namespace"] == namespace["metadata"]["name"]
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     assert {name: detect_engine(d["spec"]["template"]) for name, d in deployments.items()} == {
         "chat-vllm": "vllm", "chat-reference": "reference"}

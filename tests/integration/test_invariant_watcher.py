@@ -53,7 +53,6 @@ def fleet_deployment(namespace: str) -> dict:
 def policy(namespace: str) -> dict:
     body = yaml.safe_load((REPO / "examples" / "chat-fleet.yaml").read_text())
     body["metadata"] = {"name": "chat-fleet", "namespace": namespace}
-    body["spec"]["targets"].pop("namespaceSelector")      # the policy's own namespace
     body["spec"]["load"]["batchSizes"] = [1, 8]
     return body
 

@@ -40,9 +40,12 @@ def reconcile(world: Observed) -> Plan:
                                            "real traffic) is not implemented in this version; use mode: sweep")
     if world.support_problems and ctx.phase in (Phase.Pending, Phase.Preflight):
         return _refuse(ctx, "EngineUnsupported", "; ".join(world.support_problems))
-    if world.version_wait and ctx.phase == Phase.Pending:
+    waiting = ctx.phase == Phase.Pending and (
+        ("NamespaceNotAllowed", world.namespace_refusal) if world.namespace_refusal  # controller.tenancy
+        else ("WaitingForReadyPod", world.version_wait) if world.version_wait else None)
+    if waiting:  # before anything is claimed: nothing is read or touched in a refused namespace
         ctx.fact(C.Accepted, True, "Valid", "the spec is valid")
-        ctx.fact(C.TargetsFound, False, "WaitingForReadyPod", world.version_wait)
+        ctx.fact(C.TargetsFound, False, *waiting)
         ctx.wait(world.poll_s)
         return ctx.plan()
     ctx.fact(C.Accepted, True, "Valid", "the spec is valid")

@@ -112,7 +112,7 @@ def test_example_policy_validates():
     body = yaml.safe_load(EXAMPLE.read_text())
     policy = LookaheadPolicy.from_body(body)
     assert policy.metadata["name"] == "chat-fleet"
-    assert policy.spec.targets.namespace_selector.match_labels == {"tier": "serving"}
+    assert policy.spec.targets.namespace_selector is None   # its own namespace: least privilege
     assert policy.spec.promotion.waves == [10, 50, 100]
     assert policy.spec.to_dict()["promotion"]["waves"] == ["10%", "50%", "100%"]
 
@@ -274,6 +274,109 @@ def test_an_unknown_spec_field_from_a_newer_crd_is_ignored_and_a_bad_value_still
     with pytest.raises(ValidationError) as err:
         LookaheadPolicySpec.parse_stored(raw)
     assert spec_error(err.value).startswith("spec.analysis.confidence")
+
+
+# What each engine runs (docs/engines.md, "Methods, engines and versions"), written out here so
+# that a change to the API's table shows up as a failing test.
+RUNS_ON = {"jacobi": {"reference"}, "ngram": {"vllm", "sglang", "reference"}, "ngram_gpu": {"vllm"},
+           "suffix": {"vllm"}}
+
+
+@pytest.mark.parametrize("engine", ["auto", "vllm", "sglang", "reference"])
+@pytest.mark.parametrize("method", ["jacobi", "ngram", "ngram_gpu", "suffix"])
+def test_method_on_engine_one_rule_one_message(method, engine):
+    """Each method is accepted on the engines that run it (and on auto), and refused on the others
+    with one message naming the method, the engine, what each runs, and the fix; the CRD's rule for
+    that pair carries the same message (tests/integration/test_crd.py checks the apiserver)."""
+    from lookahead_dev import crdgen
+    from lookahead_operator.api.spec import method_engine_error
+
+    body = spec_with(engine=engine, **{"lookahead.method": method})
+    rules = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]
+    cel_messages = [r["message"] for r in rules if r.get("fieldPath") == ".lookahead.method"]
+    if engine == "auto" or engine in RUNS_ON[method]:
+        assert LookaheadPolicySpec.model_validate(body).lookahead.method == method
+        assert method_engine_error(method, engine) is None
+        assert not [m for m in cel_messages if f"method {method} does not run on engine {engine} " in m]
+        return
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(body)
+    message = method_engine_error(method, engine)
+    assert spec_error(err.value) == f"spec: Value error, {message}"
+    assert message.startswith(f"lookahead.method {method} does not run on engine {engine} (")
+    offers = sorted(m for m, engines in RUNS_ON.items() if engine in engines)
+    assert all(m in message for m in offers) and all(e in message for e in RUNS_ON[method])
+    assert cel_messages.count(message) == 1, "one CEL rule for this pair, with the model's message"
+
+
+def test_the_crd_has_a_method_engine_rule_exactly_for_each_refused_pair():
+    from lookahead_dev import crdgen
+
+    rules = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]
+    refused = sum(len({"vllm", "sglang", "reference"} - engines) for engines in RUNS_ON.values())
+    assert len([r for r in rules if r.get("fieldPath") == ".lookahead.method"]) == refused == 6
+
+
+DURATION_FIELDS = ["load.stepDuration", "load.warmup", "analysis.deadline", "analysis.sampleInterval",
+                   "promotion.waveDuration", "promotion.guard.duration", "promotion.rolloutDeadline"]
+
+
+@pytest.mark.parametrize("value", ["9999999h", "25h", "100000h", "1441m", "99999999999999999999ms"])
+@pytest.mark.parametrize("field", DURATION_FIELDS)
+def test_a_duration_beyond_24h_is_refused_naming_the_field_and_the_limit(field, value):
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(spec_with(**{field: value}))
+    assert spec_error(err.value).startswith(f"spec.{field}: Value error, must be at most 24h"), spec_error(err.value)
+
+
+def test_every_duration_field_is_bounded_in_the_crd():
+    """Every Duration of the spec carries the bound on itself (so the apiserver names the field),
+    and every field the test above covers is one."""
+    from lookahead_dev import crdgen
+
+    def durations(node, path=""):
+        if node.get("type") == "string" and node.get("pattern") == r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$":
+            yield path
+        for key, sub in (node.get("properties") or {}).items():
+            yield from durations(sub, f"{path}.{key}" if path else key)
+
+    spec = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    found = list(durations(spec))
+    assert set(DURATION_FIELDS) <= set(found)
+    for path in found:
+        node = spec
+        for part in path.split("."):
+            node = node["properties"][part]
+        assert [r["message"] for r in node.get("x-kubernetes-validations", [])] == ["must be at most 24h"], path
+
+
+@pytest.mark.parametrize("value", ["24h", "1440m", "86400s", "86400000ms", "23h59m59s", "1.5h"])
+def test_durations_up_to_24h_are_accepted(value):
+    spec = LookaheadPolicySpec.model_validate(spec_with(**{"promotion.rolloutDeadline": value,
+                                                           "promotion.guard.duration": value}))
+    assert spec.promotion.rollout_deadline <= timedelta(hours=24)
+
+
+@pytest.mark.parametrize("value", ["", " ", "   ", "\t", "registry.example/loadgen: 1", " registry.example/loadgen:1"])
+def test_a_blank_loadgen_image_is_refused_naming_the_field(value):
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(spec_with(**{"load.loadgenImage": value}))
+    assert spec_error(err.value).startswith("spec.load.loadgenImage: "), spec_error(err.value)
+    ok = LookaheadPolicySpec.model_validate(spec_with(**{"load.loadgenImage": "registry.example/loadgen:1"}))
+    assert ok.load.loadgen_image == "registry.example/loadgen:1"
+
+
+@pytest.mark.parametrize("key", [".", "..", "a/b", "../prompts.jsonl", "", "a b"])
+def test_a_configmap_key_kubernetes_refuses_is_refused_naming_the_field(key):
+    body = spec_with(**{"load.prompts": {"configMapRef": {"name": "team-prompts", "key": key}}})
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(body)
+    assert spec_error(err.value).startswith("spec.load.prompts.configMapRef.key: "), spec_error(err.value)
+    for ok in ("prompts.jsonl", "...", ".hidden", "a..b", "x_y-z.jsonl"):
+        body["load"]["prompts"]["configMapRef"]["key"] = ok
+        assert LookaheadPolicySpec.model_validate(body).load.prompts.config_map_ref.key == ok
 
 
 # ------------------------------------------------------------------------------------------

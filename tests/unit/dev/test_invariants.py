@@ -31,7 +31,6 @@ def policy_body(phase="Promoting", decision=None, batches=None, **spec_edits) ->
     body = yaml.safe_load((REPO / "examples" / "chat-fleet.yaml").read_text())
     body["metadata"] = {"name": "chat-fleet", "namespace": NS, "uid": "uid-1", "generation": 1}
     spec = body["spec"]
-    spec["targets"].pop("namespaceSelector")
     spec["load"]["batchSizes"] = [1, 8]
     for path, value in spec_edits.items():
         node = spec

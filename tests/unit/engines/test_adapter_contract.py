@@ -78,6 +78,21 @@ def test_the_registry_lists_each_adapter_once_under_its_name():
 
 
 @adapters()
+def test_the_methods_an_adapter_renders_are_those_the_api_lets_through(a):
+    """``spec.METHOD_ENGINES`` (what the CRD and the model accept per engine) is exactly what each
+    adapter renders at its checked version: no method accepted at apply and refused in Pending,
+    none refused at apply that the engine runs."""
+    from lookahead_operator.api.spec import METHOD_ENGINES, Engine, method_engine_error
+
+    c = minimal(a)
+    renders = {m for m in engines.METHODS if not a.problems(gate_setup(a, c, {**NGRAM, "method": m}), False)}
+    assert renders == {m.value for m, on in METHOD_ENGINES.items() if a.name in on}
+    assert {m for m in engines.METHODS if method_engine_error(m, a.name) is None} == renders
+    assert set(engines.METHODS) == {m.value for m in METHOD_ENGINES}
+    assert set(engines.ENGINES) == {e.value for e in Engine} - {"auto"}
+
+
+@adapters()
 def test_adapter_is_a_complete_record(a):
     assert isinstance(a, EngineAdapter) and engines.adapter(a.name) is a
     for fn in (a.problems, a.render_on, a.render_control, a.existing, a.regime_config):
