@@ -1,7 +1,7 @@
 """Capacity on a full GPU pool (issue 23, item 2): ``canary.capacity`` surge (canary and control
 beside the fleet: a pod the scheduler cannot place says CapacityUnavailable within a pass) and
 carveOut (their replicas taken out of the fleet, saved on it, given back on every exit). The state
-machine on its clock, and the builders' patches; the real node runs it in tests/e2e/test_gpu_fleets.py."""
+machine on its clock, and the builders' patches; the real node runs it in tests/e2e/test_production_fleets.py."""
 
 from dataclasses import replace
 
@@ -13,7 +13,8 @@ from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Target
 from lookahead_operator.api.status import ConditionType, LookaheadPolicyStatus, Phase
 
-from .test_statemachine import CANDIDATE, READY, T0, K, at, cond, example_spec, kinds, promoting, run, world
+from .test_statemachine import (CANDIDATE, READY, T0, K, at, cond, decided, example_spec, kinds, promoting, run,
+                               to_deciding, world)
 
 ME = "inference/chat-fleet"
 NO_GPU = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available"
@@ -106,11 +107,15 @@ def test_carve_out_refuses_a_target_whose_rollout_needs_a_spare_pod():
     assert "maxUnavailable to 1" in w.status.message and K.ENSURE_ROLES not in kinds(plan)
 
 
-@pytest.mark.parametrize("ending", ["rollback", "deadline", "abort", "success"])
+@pytest.mark.parametrize("ending", ["rollback", "deadline", "abort", "success", "inconclusive"])
 def test_every_exit_gives_the_carved_replicas_back_with_the_roles(ending):
     # target a, carved: two of its three replicas serve canary and control
     w = carve_world(replicas=1, carved=2)
-    if ending in ("deadline", "abort"):
+    if ending == "inconclusive":
+        w = to_deciding(w)
+        plan = sm.reconcile(replace(w, decision=decided("Inconclusive")))
+        assert plan.status.phase == Phase.Failed and K.PROMOTE not in kinds(plan)
+    elif ending in ("deadline", "abort"):
         w = launching(w)
         plan = sm.reconcile(at(w, 3600) if ending == "deadline" else replace(w, abort_requested=True))
         assert plan.status.phase == (Phase.Failed if ending == "deadline" else Phase.RolledBack)
@@ -244,3 +249,21 @@ def test_a_count_someone_else_set_after_the_carve_stands():
     assert b.give_back_patch(deployment(6, carved=2, before=4))["spec"] == {"replicas": 6}   # a kubectl scale
     # lent to a wave Deployment meanwhile: the fleet's count is its own plus the lent ones
     assert b.give_back_patch(deployment(1, carved=2, before=4, lent=1))["spec"] == {"replicas": 4}
+
+
+def test_a_restarted_operator_gives_back_what_the_deployment_says_was_carved():
+    """The operator keeps nothing in memory: a new process reads the carve from the Deployment's
+    annotation (``fleet.target_of``) and its phase from the status, and gives the replicas back."""
+    w = launching(carve_world(replicas=1, carved=2))
+    d = deployment(replicas=2, carved=2, before=4)
+    d["metadata"]["annotations"][b.ANNOTATION_OWNER] = ME
+    restarted = fleet.target_of(d, "reference")
+    assert restarted.carved == 2
+    fresh = world(spec=CARVE, fingerprint=CARVE.fingerprint(), status=w.status,   # only what is in the cluster
+                  targets=[restarted, w.targets[1]], roles_present={"canary": True, "control": True},
+                  abort_requested=True)
+    plan = sm.reconcile(fresh)
+    assert plan.status.phase == Phase.RolledBack
+    deletes = [a for a in plan.actions if a.kind == K.DELETE_ROLES]
+    assert deletes and deletes[0].targets == (("serving", "a"),), plan.actions
+    assert b.return_carved_patch(d)["spec"] == {"replicas": 4}     # exactly the count it had
