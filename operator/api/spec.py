@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Optional
 
 from kubernetes.utils import parse_quantity  # the client's own quantity parser
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lookahead_operator.api.names import DEFAULT_LOAD_LIMITS, DEFAULT_LOAD_REQUESTS
 from lookahead_operator.api.schema import (
@@ -341,26 +341,40 @@ class BuiltinPrompts(StrEnum):
     summarize = "summarize"
 
 
-# Kubernetes refuses a ConfigMap key of '.' or '..' (a file name in a mounted volume).
-_CONFIGMAP_KEY_DOTS = "a ConfigMap key cannot be '.' or '..'"
+#: An object's name (a DNS subdomain: a ConfigMap, a Secret, a priority class) and a key of a
+#: ConfigMap's or Secret's data, as Kubernetes allows: [-._a-zA-Z0-9]+, not '.' and not starting
+#: with '..' (validation.IsConfigMapKey: a mounted key is a file name).
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DATA_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+_DATA_KEY_DOTS = "a key cannot be '.' or start with '..'"
 
 
-class ConfigMapKeyRef(ApiModel):
+def _not_dots(v: str) -> str:
+    if v == "." or v.startswith(".."):
+        raise ValueError(_DATA_KEY_DOTS)
+    return v
+
+
+DataKey = Annotated[str, Field(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN,
+                               description="The key: letters, digits, '-', '_' and '.', not '.' and not starting "
+                                           "with '..'.",
+                               json_schema_extra={"x-kubernetes-validations": [
+                                   _cel("self != '.' && !self.startsWith('..')", _DATA_KEY_DOTS)]}),
+                    AfterValidator(_not_dots)]
+
+
+class ObjectKeyRef(ApiModel):
+    """One key of a ConfigMap or Secret in the policy's namespace (Kubernetes' ConfigMapKeySelector
+    and SecretKeySelector): what every reference to a key in the API is made of."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The object's name.")
+    key: DataKey
+
+
+class ConfigMapKeyRef(ObjectKeyRef):
     """A key of a ConfigMap in the target's namespace: JSON lines ``{"prompt": ..., "max_tokens": ...}``."""
 
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-                      description="ConfigMap name.")
-    key: str = Field(default="prompts.jsonl", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
-                     description="Key in the ConfigMap: letters, digits, '-', '_' and '.', not '.' or '..'.",
-                     json_schema_extra={"x-kubernetes-validations": [
-                         _cel("self != '.' && self != '..'", _CONFIGMAP_KEY_DOTS)]})
-
-    @field_validator("key")
-    @classmethod
-    def _not_dots(cls, v: str) -> str:
-        if v in (".", ".."):
-            raise ValueError(_CONFIGMAP_KEY_DOTS)
-        return v
+    key: DataKey = "prompts.jsonl"
 
 
 class PromptSource(ApiModel):
@@ -469,7 +483,11 @@ class Toleration(ApiModel):
 class LocalObjectName(ApiModel):
     """A reference by name to an object in the policy's namespace (an image pull Secret)."""
 
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN)
+
+
+#: The load generator pod spec's fields a policy (and the operator's defaults) may set.
+LOAD_POD_FIELDS = ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets")
 
 
 class LoadSpec(ApiModel):
@@ -535,7 +553,7 @@ class LoadSpec(ApiModel):
     tolerations: Optional[list[Toleration]] = Field(
         default=None, max_length=32, description="The load generator Pods' tolerations (e.g. a tainted pool).")
     priority_class_name: Optional[str] = Field(
-        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        default=None, min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN,
         description="The load generator Pods' priorityClassName.")
     image_pull_secrets: Optional[list[LocalObjectName]] = Field(
         default=None, max_length=16,
@@ -555,7 +573,7 @@ class LoadSpec(ApiModel):
         in the pod spec's own camelCase), absent when neither sets it."""
         mine = self.to_dict()
         out = {}
-        for field in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):  # (loadjobs.POD_FIELDS)
+        for field in LOAD_POD_FIELDS:
             value = mine.get(field) if mine.get(field) is not None else (defaults or {}).get(field)
             if value:
                 out[field] = value
@@ -612,10 +630,6 @@ class LoadSpec(ApiModel):
 # spec: analysis and promotion
 
 
-#: A Secret's or ConfigMap's name (a DNS subdomain) and one of its keys (as Kubernetes allows:
-#: [-._a-zA-Z0-9]+, not "." and not starting with "..").
-OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-DATA_KEY_PATTERN = r"^\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
 #: analysis.prometheus.headers: at most this many, names an HTTP token (RFC 9110), values one line.
 MAX_PROMETHEUS_HEADERS = 16
 HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
@@ -626,18 +640,12 @@ RESERVED_HEADERS = ("authorization", "proxy-authorization", "cookie", "host", "c
                     "content-encoding", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer")
 
 
-class SecretKeySelector(ApiModel):
-    """One key of a Secret in the policy's namespace (as Kubernetes' SecretKeySelector)."""
-
-    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The Secret's name.")
-    key: str = Field(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN, description="The key in the Secret.")
+class SecretKeySelector(ObjectKeyRef):
+    """One key of a Secret in the policy's namespace."""
 
 
-class ConfigMapKeySelector(ApiModel):
-    """One key of a ConfigMap in the policy's namespace (as Kubernetes' ConfigMapKeySelector)."""
-
-    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The ConfigMap's name.")
-    key: str = Field(min_length=1, max_length=253, pattern=DATA_KEY_PATTERN, description="The key in the ConfigMap.")
+class ConfigMapKeySelector(ObjectKeyRef):
+    """One key of a ConfigMap in the policy's namespace."""
 
 
 class PrometheusBasicAuth(ApiModel):

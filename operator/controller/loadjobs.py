@@ -14,13 +14,12 @@ from lookahead_operator import engines
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller.world import Target
 from lookahead_operator.controller.fleet import pod_ready
-from lookahead_operator.api.spec import LoadSpec, LookaheadPolicySpec
+from lookahead_operator.api.spec import LOAD_POD_FIELDS, LoadSpec, LookaheadPolicySpec
 from lookahead_operator.api.names import ANNOTATION_PROMOTED, LABEL_POD, ROLES
 
 DEFAULT_LOADGEN_IMAGE = (os.environ.get("LOOKAHEAD_LOADGEN_IMAGE", "").strip()
                          or "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0")
 POD_DEFAULTS_ENV = "LOOKAHEAD_LOAD_POD_DEFAULTS"
-POD_FIELDS = ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets")
 
 
 def pod_defaults(raw: str | None) -> dict:
@@ -31,8 +30,8 @@ def pod_defaults(raw: str | None) -> dict:
         return {}
     try:
         data = json.loads(raw)
-        if not isinstance(data, dict) or set(data) - set(POD_FIELDS):
-            raise ValueError(f"expected an object with only {', '.join(POD_FIELDS)}")
+        if not isinstance(data, dict) or set(data) - set(LOAD_POD_FIELDS):
+            raise ValueError(f"expected an object with only {', '.join(LOAD_POD_FIELDS)}")
         return LoadSpec.model_validate({k: v for k, v in data.items() if v not in ("", None, [], {})}).pod_options()
     except ValidationError as exc:
         first = exc.errors()[0]

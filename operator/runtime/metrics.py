@@ -59,13 +59,8 @@ _phases: dict[str, str] = {}
 _series: dict[str, set[tuple[Gauge, tuple[str, ...]]]] = {}   # policy -> the per-policy series it has
 
 
-def record_phase(policy: str, phase: str | None) -> None:
-    """Keep the by-phase gauge equal to the policies this process reconciles."""
-    with _lock:
-        _record_phase(policy, phase)
-
-
 def _record_phase(policy: str, phase: str | None) -> None:
+    """Keep the by-phase gauge equal to the policies this process reconciles (``_lock`` held)."""
     if phase is None:
         _phases.pop(policy, None)
     else:

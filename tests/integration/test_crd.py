@@ -180,7 +180,7 @@ VALID = {
                                                           "effect": "NoSchedule"}, {"operator": "Exists"}],
                                     "load.priorityClassName": "batch-low",
                                     "load.imagePullSecrets": [{"name": "regcred"}]},
-    "configmap-key-with-dots": {"load.prompts": {"configMapRef": {"name": "team-prompts", "key": "..prompts"}}},
+    "configmap-key-with-dots": {"load.prompts": {"configMapRef": {"name": "team-prompts", "key": ".team..prompts."}}},
 }
 
 
@@ -255,6 +255,9 @@ INVALID = {
                               "spec.load.prompts.configMapRef.key"),
     "configmap-key-with-slash": ({"load.prompts": {"configMapRef": {"name": "p", "key": "../prompts.jsonl"}}},
                                  "spec.load.prompts.configMapRef.key"),
+    # Kubernetes refuses a key starting with '..' (validation.IsConfigMapKey): a mounted key is a file name
+    "configmap-key-starting-with-dot-dot": ({"load.prompts": {"configMapRef": {"name": "p", "key": "..prompts"}}},
+                                            "spec.load.prompts.configMapRef.key"),
     # physics: a spec that can never reach a verdict
     "step-too-short-for-samples": ({"load.stepDuration": "1m", "load.warmup": "30s", "load.minSamplesPerStep": 10},
                                    "spec.load.minSamplesPerStep"),

@@ -368,13 +368,14 @@ def test_a_blank_loadgen_image_is_refused_naming_the_field(value):
     assert ok.load.loadgen_image == "registry.example/loadgen:1"
 
 
-@pytest.mark.parametrize("key", [".", "..", "a/b", "../prompts.jsonl", "", "a b"])
+# (Kubernetes refuses a key starting with '..' too: validation.IsConfigMapKey, a mounted key is a file name)
+@pytest.mark.parametrize("key", [".", "..", "a/b", "../prompts.jsonl", "", "a b", "...", "..prompts"])
 def test_a_configmap_key_kubernetes_refuses_is_refused_naming_the_field(key):
     body = spec_with(**{"load.prompts": {"configMapRef": {"name": "team-prompts", "key": key}}})
     with pytest.raises(ValidationError) as err:
         LookaheadPolicySpec.model_validate(body)
     assert spec_error(err.value).startswith("spec.load.prompts.configMapRef.key: "), spec_error(err.value)
-    for ok in ("prompts.jsonl", "...", ".hidden", "a..b", "x_y-z.jsonl"):
+    for ok in ("prompts.jsonl", ".hidden", "a..b", "x_y-z.jsonl", "prompts..v2."):
         body["load"]["prompts"]["configMapRef"]["key"] = ok
         assert LookaheadPolicySpec.model_validate(body).load.prompts.config_map_ref.key == ok
 
