@@ -814,6 +814,10 @@ def _exports(state: dict) -> str:
         + (f"\n# real node {state['node']} (pod network {state['pod_subnet']}); Pods reach the apiserver with "
            f"env KUBERNETES_SERVICE_HOST={state['pod_gateway']} KUBERNETES_SERVICE_PORT={state['apiserver_port']}"
            f"\n# and Prometheus by its Service name, {state.get('prometheus_service_url')} (kube-proxy, CoreDNS)"
+           f"\n# images and chart in the node's registry {state.get('registry')} (HTTPS; clients trust "
+           f"SSL_CERT_FILE={state.get('registry_ca')}): helm install lookahead "
+           f"oci://{state.get('registry')}/charts/lookahead-operator --version <chart version> "
+           f"--set image.repository={state.get('registry')}/lookahead-rollout/lookahead-rollout"
            if state.get("node") else "")
     )
 
@@ -853,7 +857,9 @@ def cmd_up(d: Path, node: bool = True) -> int:
             pids["node"] = _start_node(d, subnet)
             prom = DevPrometheus(d / "prometheus", detached=True, binary=sd_binary, listen_host="0.0.0.0",
                                  advertise_host=gateway, scrape_configs=kubernetes_pod_jobs(cluster.kubeconfig, "5s"))
-            extra = {"node": json.loads((d / "node" / "node.json").read_text())["name"], "pod_subnet": str(subnet),
+            node_info = json.loads((d / "node" / "node.json").read_text())
+            extra = {"node": node_info["name"], "registry": node_info["registry"],
+                     "registry_ca": node_info["registry_ca"], "pod_subnet": str(subnet),
                      "pod_gateway": gateway, "apiserver_port": cluster.apiserver_port}
         else:
             prom = DevPrometheus(d / "prometheus", detached=True)
@@ -894,7 +900,8 @@ def _start_node(d: Path, subnet) -> int:
         return '"ready"' in (d / "node.log").read_text(errors="replace")
 
     try:
-        wait_for(ready, 240, "the real node to be Ready (images imported)", interval=0.2, alive=proc.dead)
+        wait_for(ready, 240, "the real node to be Ready (images pushed to its registry)", interval=0.2,
+                 alive=proc.dead)
     except BaseException:
         proc.stop(timeout=120)
         raise

@@ -4,14 +4,16 @@
 real node, so Pods run as real containers from real (locally built) images: probes, restarts,
 CrashLoopBackOff, ``kubectl logs``/``exec``, pod IPs. Binaries come from ``bash hack/build-node.sh``
 (``$LOOKAHEAD_CACHE/node-<version>/``), images from ``bash hack/build-images.sh``
-(``$LOOKAHEAD_CACHE/images/*.oci.tar``). See docs/node.md for every setting and why.
+(``$LOOKAHEAD_CACHE/images/*.oci.tar``), pushed to the node's own registry
+(``lookahead_dev.registry``, ``bash hack/build-registry.sh``) and pulled from there by the kubelet.
+See docs/node.md for every setting and why.
 
 The cluster's kube-apiserver needs :meth:`DevNode.apiserver_args` (the kubelet's address type,
 and the client certificate it presents to the kubelet for logs/exec)::
 
     state = Path(tempfile.mkdtemp())
     cluster = DevCluster(state / "cluster", apiserver_args=DevNode.apiserver_args(state / "cluster")).start()
-    node = DevNode(cluster, images=[engine_archive]).start()   # Node Ready, images imported
+    node = DevNode(cluster, images=[engine_archive]).start()   # Node Ready, images in its registry
     ...
     node.stop(); cluster.stop()                                 # stop() leaves nothing behind
 
@@ -54,12 +56,15 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from lookahead_canary import process
+from lookahead_dev.registry import IMAGE_PATH, REGISTRY_ADDRESS, DevRegistry
 from lookahead_dev.devcluster import (
     K8S_VERSION, SERVICE_CLUSTER_IP_RANGE, DevCluster, DevClusterError, _first_dead, _Proc, cache_dir, free_port, wait_for, write_kubeconfig,
 )
 
 BUILD_HINT = "run `bash hack/build-node.sh` first"
 IMAGES_HINT = "run `bash hack/build-images.sh` first"
+#: The chart's default ``image.repository`` (what hack/build-images.sh names its archives); the
+#: node pulls the same images from its own registry (``image_name``).
 IMAGE_REPOSITORY = "ghcr.io/lookahead-rollout/lookahead-rollout"
 PAUSE_IMAGE = "localhost/lookahead-rollout/pause:3.10"  # keep in step with hack/build-node.sh
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
@@ -123,11 +128,17 @@ def _project_version() -> str:
         return "0.1.0"
 
 
-def image_name(kind: str, version: str | None = None) -> str:
-    """The reference of a locally built image, as the chart names it (the operator image is the
-    chart's ``image.repository:appVersion``)."""
+def image_name(kind: str, version: str | None = None, registry: str = REGISTRY_ADDRESS) -> str:
+    """The reference the node pulls a locally built image by: in the node's registry
+    (``lookahead_dev.registry``), at the chart's path and tag (the operator image is the chart's
+    ``image.repository:appVersion`` with ``image.repository`` = ``registry_repository()``)."""
     suffix = {"operator": "", "engine": "-engine", "loadgen": "-loadgen"}[kind]
-    return f"{IMAGE_REPOSITORY}{suffix}:{version or _project_version()}"
+    return f"{registry}/{IMAGE_PATH}{suffix}:{version or _project_version()}"
+
+
+def registry_repository(registry: str = REGISTRY_ADDRESS) -> str:
+    """The chart's ``image.repository`` for images pushed to ``registry``."""
+    return f"{registry}/{IMAGE_PATH}"
 
 
 def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 60.0, **kw) -> subprocess.CompletedProcess:
@@ -243,13 +254,17 @@ class DevNode:
 
     ``name`` is the Node's name (and the CNI network's, and the kubelet's cgroup root);
     ``bridge`` the Linux bridge (at most 15 characters); ``subnet`` the pod /24 (default: a free
-    one in 10.200.0.0/13); ``images`` OCI archives to import before the kubelet starts (the
-    sandbox image always is). ``state_dir`` holds every file of the node (default: a temporary
+    one in 10.200.0.0/13); ``images`` OCI archives pushed, before the kubelet starts, to the
+    node's own registry (``lookahead_dev.registry.DevRegistry`` on ``REGISTRY_ADDRESS``), which its
+    containerd pulls from over plain HTTP, as a kubelet pulls from any registry (only the sandbox
+    image is imported, as a node image carries it); ``charts`` chart directories pushed there as OCI
+    charts (``charts``: their ``oci://`` references, for ``helm install --plain-http``). ``state_dir`` holds every file of the node (default: a temporary
     dir, removed by ``stop()``).
     """
 
     def __init__(self, cluster: DevCluster, *, name: str | None = None, state_dir: str | os.PathLike[str] | None = None,
                  subnet: str | None = None, bridge: str | None = None, images: Sequence[str | os.PathLike[str]] = (),
+                 charts: Sequence[str | os.PathLike[str]] = (),
                  start_timeout: float = 120.0, scheduler: bool = True,
                  extended_resources: dict[str, int] | None = None):
         suffix = uuid.uuid4().hex[:6]
@@ -263,6 +278,12 @@ class DevNode:
         self.state_dir = self.state_dir.absolute()
         self.subnet = ipaddress.ip_network(subnet) if subnet else None
         self.images = [Path(p) for p in images]
+        self.registry = DevRegistry(self.state_dir / "registry")
+        #: the references the pushed ``images`` have in the registry
+        self.pushed: list[str] = []
+        self.chart_dirs = [Path(p) for p in charts]
+        #: chart name -> its ``oci://`` reference in the registry
+        self.charts: dict[str, str] = {}
         self.start_timeout = start_timeout
         self.run_scheduler = scheduler
         self.extended_resources = dict(EXTENDED_RESOURCES if extended_resources is None else extended_resources)
@@ -295,7 +316,8 @@ class DevNode:
 
     @property
     def pids(self) -> dict[str, int]:
-        return {p.name: p.pid for p in self._procs}
+        own = {"registry": self.registry.proc.pid} if self.registry.proc else {}
+        return {**{p.name: p.pid for p in self._procs}, **own}
 
     @staticmethod
     def apiserver_args(cluster_state_dir: str | os.PathLike[str]) -> list[str]:
@@ -361,8 +383,9 @@ class DevNode:
             self._make_bridge()
             self._make_cgroup_root()
             self._write_cni_config()
+            self._start_registry()
             self._start_containerd(bins)
-            self._import_images([pause, *self.images])
+            self._import_images([pause])
             self._write_kubelet_credentials()
             if self.run_scheduler:
                 self._start_scheduler(bins["kube-scheduler"])
@@ -376,7 +399,10 @@ class DevNode:
         self.timings["start"] = time.monotonic() - t0
         (self.state_dir / "node.json").write_text(json.dumps({
             "name": self.name, "bridge": self.bridge, "subnet": str(self.subnet), "gateway": self.gateway,
-            "cgroup_root": self.cgroup_root, "containerd": str(self.containerd_sock), "pids": self.pids,
+            "cgroup_root": self.cgroup_root, "containerd": str(self.containerd_sock),
+            "registry": self.registry.address, "registry_ca": str(self.registry.ca_file), "pushed": self.pushed,
+            "charts": self.charts,
+            "pids": self.pids,
             "timings": self.timings}, indent=2) + "\n")
         return self
 
@@ -512,6 +538,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = {q(str(bin_dir / 'runc'))}
         SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = {q(str(st / 'certs.d'))}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = {q(str(cni_bin))}
     conf_dir = {q(str(self.state_dir / 'cni' / 'net.d'))}
@@ -533,6 +561,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
         wait_for(serving, self.start_timeout, "containerd to serve", interval=0.1, alive=proc.dead)
         self.timings["containerd"] = time.monotonic() - t0
+
+    def _start_registry(self) -> None:
+        """The node's registry, with ``images`` pushed into it; and containerd's host configuration
+        for it (``certs.d/<address>/hosts.toml``: plain HTTP, pull and resolve)."""
+        t0 = time.monotonic()
+        self.registry.start()
+        self.pushed = [self.registry.push_archive(a) for a in self.images]
+        self.charts = {d.name: self.registry.push_chart(d) for d in self.chart_dirs}
+        hosts = self.state_dir / "containerd" / "certs.d" / self.registry.address / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(self.registry.hosts_toml())
+        self.timings["registry_push"] = time.monotonic() - t0
 
     def _import_images(self, archives: Sequence[Path]) -> None:
         t0 = time.monotonic()
@@ -870,6 +910,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             errors.append(f"cgroups left: {left}")
         step(self._remove_global_dirs)
         step(self._restore_sysctls)
+        step(self.registry.stop)
         if self._own_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         if errors:
@@ -1040,7 +1081,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = DevCluster.attach(args.cluster_dir)
     try:
         images = [image_archive(k) for k in args.images.split(",") if k]
-        node = DevNode(cluster, state_dir=args.state_dir, subnet=args.subnet, images=images)
+        chart = Path(__file__).resolve().parents[1] / "charts" / "lookahead-operator"
+        node = DevNode(cluster, state_dir=args.state_dir, subnet=args.subnet, images=images,
+                       charts=[chart] if chart.is_dir() else [])
         node.start()
     except (DevClusterError, TimeoutError, OSError) as exc:
         print(f"node: {exc}", file=sys.stderr)
@@ -1059,4 +1102,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["DevNode", "DevNodeError", "node_dir", "node_binary", "images_dir", "image_archive", "image_name",
+           "registry_repository",
            "PAUSE_IMAGE", "GLOBAL_DIRS", "PROMETHEUS_SERVICE", "publish_host_service"]

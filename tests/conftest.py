@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
 from lookahead_dev.devcluster import DevCluster, DevClusterError, DevPrometheus
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _start(component) -> str | None:
@@ -47,8 +51,8 @@ def devcluster(tmp_path_factory):
 
 class RealNode:
     """The session's real node (``lookahead_dev.node.DevNode``: containerd, CNI, kubelet,
-    kube-scheduler) on ``devcluster``, with the operator, engine and load-generator images
-    imported. Started by the first ``get()``; ``stop()`` (test_node's cleanup check does) stops
+    kube-scheduler) on ``devcluster``, with the operator, engine and load-generator images and
+    the chart in its registry (``node.registry``, ``node.charts``). Started by the first ``get()``; ``stop()`` (test_node's cleanup check does) stops
     it, and a later ``get()`` starts a fresh one. One node per machine at a time."""
 
     def __init__(self, cluster):
@@ -61,7 +65,9 @@ class RealNode:
         if self.node is None:
             try:
                 images = [image_archive(k) for k in ("operator", "engine", "loadgen")]
-                node = DevNode(self.cluster, subnet=str(self.cluster.pod_subnet), images=images)
+                # the images and the chart go to the node's registry; the kubelet and Helm pull them
+                node = DevNode(self.cluster, subnet=str(self.cluster.pod_subnet), images=images,
+                               charts=[REPO / "charts" / "lookahead-operator"])
                 node.start()
             except (DevNodeError, DevClusterError, TimeoutError) as exc:
                 pytest.fail(f"could not start the real node: {exc}; `make deps` builds it "

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from lookahead_canary import process
 from lookahead_dev.devcluster import control_plane_binary, free_port, wait_for
-from lookahead_dev.node import image_name
+from lookahead_dev.node import image_name, registry_repository
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,8 +170,9 @@ def operator_process(devcluster, crd_installed, real_node, prometheus, tmp_path_
 
 
 class OperatorPod:
-    """The operator as a user installs it: `helm install` of charts/lookahead-operator with the
-    locally built image, running as a Pod on the real node."""
+    """The operator as a user installs it: `helm install oci://...` of the chart from the node's
+    registry, its image pulled from there too (README, "Install on a cluster"), running as a Pod
+    on the real node."""
 
     RELEASE, NAMESPACE = "lookahead", "lookahead-system"
 
@@ -180,22 +181,26 @@ class OperatorPod:
         self.installed_in: float | None = None
 
     def _tool(self, name: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        # the node's registry serves HTTPS with a CA of its own, which Helm trusts as a cluster
+        # admin's machine trusts a private registry's (SSL_CERT_FILE)
         return subprocess.run([str(control_plane_binary(name)), f"--kubeconfig={self.cluster.kubeconfig}", *args],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **self.node.registry.client_env()})
 
     def install(self, *extra: str) -> None:
         """``extra``: more `helm install` arguments (``--set replicaCount=2`` ...)."""
         t0 = time.monotonic()
         extra_env = [*self.node.in_cluster_env(), {"name": "LOOKAHEAD_POLL_SECONDS", "value": "1"}]
+        chart = yaml.safe_load((REPO / "charts" / "lookahead-operator" / "Chart.yaml").read_text())
         res = self._tool(
-            "helm", "install", self.RELEASE, str(REPO / "charts" / "lookahead-operator"),
+            "helm", "install", self.RELEASE, self.node.charts["lookahead-operator"], "--version", chart["version"],
             "--namespace", self.NAMESPACE, "--create-namespace",
-            # The image is imported into the node, never pulled (there is no registry here).
-            "--set", "image.pullPolicy=Never",
+            # the user's own registry (README): the operator image, and with it the default
+            # load-generator image, are pulled from there
+            "--set", f"image.repository={registry_repository(self.node.registry.address)}",
             # The session's CRD is already installed (crd_installed) for the tests that run the
             # operator on the host; Helm refuses to adopt an object it did not create.
             "--set", "crds.install=false",
-            "--set", f"operator.loadgenImage={image_name('loadgen')}",
             # No kube-proxy on this node: point in-cluster clients at the apiserver through the
             # pod bridge (DevNode.in_cluster_env); 1 s polls keep the shortened policies short.
             "--set-json", f"operator.extraEnv={json.dumps(extra_env)}",

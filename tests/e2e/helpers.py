@@ -15,7 +15,7 @@ from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import image_name
 
-ENGINE_IMAGE = image_name("engine")  # built by hack/build-images.sh, imported into the real node
+ENGINE_IMAGE = image_name("engine")  # built by hack/build-images.sh, pulled from the node's registry
 FLEET = ("chat-a", "chat-b")          # the two target Deployments most rollouts run on
 
 # A100 + Llama-3-8B roofline: decode is memory-bound at batch 1 (lookahead cuts per-token
@@ -52,7 +52,6 @@ def engine_deployment(ns: str, name: str, sim: dict, app: str, serving: bool = F
                 "spec": {"containers": [{
                     "name": "engine",
                     "image": ENGINE_IMAGE,
-                    "imagePullPolicy": "Never",
                     "command": ["python3", "-m", "lookahead_canary.server"],
                     "args": ["--host", "$(POD_IP)", "--port", "8000", "--backend", "simulate",
                              "--sim-config", json.dumps(sim), "--max-num-seqs", "64",

@@ -5,8 +5,8 @@ analysisOnly never touches the fleet.
 
 torch reaches the Pods by a read-only ``hostPath`` mount of this machine's own site-packages (and
 the model by one of the project's model cache), not through the image: the engine image stays
-torch-free (74 MB, imported in seconds) for every other test, the node is this machine, so the
-bytes are already here, and a 2+ GB image layer would cost more to pack and import than this whole
+torch-free (74 MB, pulled in seconds) for every other test, the node is this machine, so the
+bytes are already here, and a 2+ GB image layer would cost more to pack and push than this whole
 test. A production engine image would carry torch itself."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def smollm2_deployment(ns: str) -> dict:
         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true"}},
                               "spec": {"containers": [{
-                                  "name": "engine", "image": image_name("engine"), "imagePullPolicy": "Never",
+                                  "name": "engine", "image": image_name("engine"),
                                   "command": ["python3", "-m", "lookahead_canary.server"],
                                   "args": ["--host", "0.0.0.0", "--port", "8000", "--model", "smollm2",
                                            "--max-num-seqs", "4"],

@@ -11,7 +11,9 @@ and nothing else:
 * its CPU request: the example asks for 2 CPUs a replica, a real serving node's size; the test
   node is this 2-core machine, where two replicas plus a canary and a control could never be
   scheduled, so each asks for 100m (the simulator needs little);
-* ``imagePullPolicy: Never``: the image is imported into the node (there is no registry here).
+* its image's registry: the node pulls ``ghcr.io/lookahead-rollout/...`` from its own registry
+  (``lookahead_dev.registry``), where the same path and tag are pushed, as a user who builds and
+  pushes the images to their registry does (README, "Install on a cluster").
 The vLLM Deployment of the example stays Pending (its GPU request fits no node here), as the
 example intends: it is not a target.
 
@@ -33,6 +35,7 @@ from kubernetes import client
 from lookahead_canary.simulator import RooflineSimulator
 from lookahead_operator.controller import builders as b
 from lookahead_dev.devcluster import wait_for
+from lookahead_dev.registry import local_reference
 from lookahead_operator.api.policy import LookaheadPolicy
 
 from .helpers import (GOOD_GPU, GROUP, PLURAL, VERSION, apply_policy, assert_no_failed_requests, events_of,
@@ -64,7 +67,8 @@ def fleet_docs(sim: dict) -> list[dict]:
             args = [a for a in c["args"] if not a.startswith("--model=")]
             c["args"] = ["--backend=simulate", f"--sim-config={json.dumps(sim)}"] + args
             c["resources"]["requests"]["cpu"] = "100m"
-            c["imagePullPolicy"] = "Never"
+            c["image"] = local_reference(c["image"])
+            assert "imagePullPolicy" not in c  # the kubelet pulls it from the registry
     return docs
 
 

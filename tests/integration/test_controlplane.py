@@ -201,7 +201,7 @@ def test_cli_up_status_down(real_node_holder):
             wait_for(lambda: core.read_namespaced_service_account("default", "default"), 30, "default SA")
             core.create_namespaced_pod("default", {
                 "metadata": {"name": "engine", "annotations": {"prometheus.io/scrape": "true"}},
-                "spec": {"containers": [{"name": "engine", "image": image_name("engine"), "imagePullPolicy": "Never",
+                "spec": {"containers": [{"name": "engine", "image": image_name("engine"),  # from the node's registry
                                          "command": ["python3", "-m", "lookahead_canary.server", "--host", "0.0.0.0",
                                                      "--port", "8000", "--backend", "simulate"],
                                          "ports": [{"containerPort": 8000}]}]}})

@@ -107,8 +107,7 @@ def _engine_deployment(name: str, *, command: list[str], readiness_path: str = "
                 "terminationGracePeriodSeconds": 2,
                 "containers": [{
                     "name": "engine",
-                    "image": ENGINE_IMAGE,
-                    "imagePullPolicy": "Never",
+                    "image": ENGINE_IMAGE,  # pulled from the node's registry (IfNotPresent: a tag)
                     "command": command,
                     "env": env_list,
                     "ports": [{"name": "http", "containerPort": 8000}],
@@ -158,14 +157,17 @@ def engine(env):
     return {"ns": ns, "deployment": dep, "pod": pod, "available_s": took}
 
 
-def test_node_is_ready_with_containerd_and_the_imported_images(env):
+def test_node_is_ready_with_containerd_and_its_registry_holding_the_images(env):
     node, api = env["node"], env["api"]
     n = client.CoreV1Api(api).read_node(node.name)
     assert any(c.type == "Ready" and c.status == "True" for c in n.status.conditions)
     assert n.status.node_info.kubelet_version == "v1.36.3"
     assert n.status.node_info.container_runtime_version.startswith("containerd://")
     assert {"type": "InternalIP", "address": node.gateway} in [a.to_dict() for a in n.status.addresses]
-    assert ENGINE_IMAGE in node.image_names()
+    # pushed to the node's registry (the kubelet pulls them from there), not imported
+    assert ENGINE_IMAGE in node.pushed
+    assert {"lookahead-rollout/lookahead-rollout", "lookahead-rollout/lookahead-rollout-engine",
+            "lookahead-rollout/lookahead-rollout-loadgen"} <= set(node.registry.catalog())
     assert node.timings["kubelet_ready"] < 30
 
 
@@ -219,7 +221,7 @@ def test_engine_deployment_from_the_local_image_becomes_available(engine):
     assert pod.spec.containers[0].image == ENGINE_IMAGE
     status = pod.status.container_statuses[0]
     assert status.ready and status.restart_count == 0
-    assert status.image_id  # the runtime resolved the imported image
+    assert status.image_id  # the runtime resolved the image it pulled from the node's registry
 
 
 def test_shell_form_command_starts_the_engine_on_the_pod_ip_and_it_answers_from_the_host(env, engine):
@@ -451,7 +453,7 @@ def test_operator_and_loadgen_images_run_as_the_chart_runs_them(env):
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"restartPolicy": "Never",
                      "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532},
-                     "containers": [{"name": name, "image": image, "imagePullPolicy": "Never", "command": command,
+                     "containers": [{"name": name, "image": image, "command": command,
                                      "securityContext": chart_security,
                                      "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
                      "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]}})
