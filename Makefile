@@ -2,10 +2,10 @@
 PY ?= python3
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
-.PHONY: lint-imports deps deps-python deps-system control-plane engines-venv node images prometheus test test-unit demo crds cluster-up cluster-down \
+.PHONY: lint-imports deps deps-python deps-system control-plane engines-venv node registry images prometheus prometheus-operator test test-unit demo crds cluster-up cluster-down \
         bench-engine bench-decision bench-operator lint-chart soak
 
-deps: deps-system deps-python control-plane engines-venv node images prometheus
+deps: deps-system deps-python control-plane engines-venv node registry images prometheus prometheus-operator
 
 deps-system:
 	bash hack/install-system-deps.sh
@@ -25,12 +25,24 @@ engines-venv:
 node: deps-system control-plane
 	bash hack/build-node.sh
 
-images: deps-system deps-python
+# the OCI registry the local node pulls from, and crane, the client that pushes to it (docs/node.md)
+registry:
+	bash hack/build-registry.sh
+
+# the three images as OCI archives; with REGISTRY=host[/path] (and TAG=, default the version) also
+# pushed there with the chart (hack/push-images.sh; README, "Install on a cluster")
+images: deps-system deps-python registry
 	bash hack/build-images.sh
+	$(if $(REGISTRY),bash hack/push-images.sh "$(REGISTRY)" "$(TAG)")
 
 # Prometheus with Kubernetes pod discovery (Debian's is built without it), for Pods on the real node
 prometheus: deps-system
 	bash hack/build-prometheus.sh
+
+# The Prometheus Operator (operator, prometheus-config-reloader, its CRDs), from its Go module, for
+# tests/integration/test_prometheus_operator.py (our PodMonitors under a kube-prometheus-stack selector)
+prometheus-operator: deps-system
+	bash hack/build-prometheus-operator.sh
 
 crds:
 	$(PY) -m lookahead_dev.crdgen

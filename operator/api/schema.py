@@ -164,6 +164,35 @@ Duration = Annotated[
                         "message": DURATION_LIMIT_MESSAGE}]}),
 ]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+
+
+# Kubernetes' own label rules (apimachinery validation.IsQualifiedName, IsValidLabelValue), lengths
+# included, which the patterns above leave to maxLength: a key's name part is at most 63
+# characters, its prefix (a DNS subdomain) at most 253; a value at most 63.
+LABEL_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: LABEL_KEY_PATTERN with the name part's 63-character limit (CEL and JSON schema: with
+#: ``indexOf('/') <= 253`` and ``size <= 317`` it is Kubernetes' rule).
+LABEL_KEY_STRICT_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                            r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY_RULE = ("an optional DNS subdomain prefix of at most 253 characters and '/', then a name of at most 63 "
+                  "characters: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric")
+LABEL_VALUE_RULE = ("at most 63 characters: alphanumerics, '-', '_' or '.', starting and ending with an "
+                    "alphanumeric (or empty)")
+
+
+def label_problem(key: Any, value: Any) -> Optional[str]:
+    """Why ``key: value`` is not a Kubernetes label (as the apiserver would refuse it on an object's
+    metadata.labels), ``None`` when it is one."""
+    if not isinstance(key, str) or not isinstance(value, str):
+        return f"label {key!r}: {value!r}: keys and values are strings"
+    prefix, slash, name = key.rpartition("/")
+    if (not re.fullmatch(LABEL_NAME_PATTERN, name)
+            or (slash and (len(prefix) > 253 or not re.fullmatch(DNS_SUBDOMAIN_PATTERN, prefix)))):
+        return f"label key {key!r} is not a valid Kubernetes label key: {LABEL_KEY_RULE}"
+    if len(value) > 63 or not re.fullmatch(LABEL_VALUE_PATTERN, value):
+        return f"label {key!r}: value {value!r} is not a valid Kubernetes label value: {LABEL_VALUE_RULE}"
+    return None
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),

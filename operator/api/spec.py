@@ -20,10 +20,12 @@ from typing import Annotated, Any, Optional
 from kubernetes.utils import parse_quantity  # the client's own quantity parser
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lookahead_operator.api.names import DEFAULT_LOAD_LIMITS, DEFAULT_LOAD_REQUESTS
+from lookahead_operator.api.names import DEFAULT_LOAD_LIMITS, DEFAULT_LOAD_REQUESTS, GROUP, LABEL_MANAGED_BY
 from lookahead_operator.api.schema import (
     DNS_LABEL_PATTERN,
     LABEL_KEY_PATTERN,
+    LABEL_KEY_RULE,
+    LABEL_KEY_STRICT_PATTERN,
     MAX_BATCH_SIZE,
     MAX_BATCH_SIZES,
     MAX_EXPRESSION_VALUES,
@@ -47,6 +49,7 @@ from lookahead_operator.api.schema import (
     _duration_out,
     _obj_default,
     _strictly_increasing_cel,
+    label_problem,
 )
 
 
@@ -694,6 +697,32 @@ class PrometheusTLS(ApiModel):
         return self
 
 
+#: analysis.prometheus.podMonitorLabels (and the chart's podMonitor.labels): at most this many.
+MAX_POD_MONITOR_LABELS = 16
+#: Label keys on the PodMonitor that are the operator's own, refused in podMonitorLabels (and in the
+#: chart's podMonitor.labels): every key under this prefix, and these keys.
+RESERVED_LABEL_PREFIX = f"{GROUP}/"
+RESERVED_LABEL_KEYS = (LABEL_MANAGED_BY,)
+POD_MONITOR_LABELS_RULE = (f"label keys are Kubernetes label keys ({LABEL_KEY_RULE}), and not the operator's own "
+                           f"({RESERVED_LABEL_PREFIX}*, {', '.join(RESERVED_LABEL_KEYS)})")
+
+
+def pod_monitor_label_problem(key: Any, value: Any) -> Optional[str]:
+    """Why ``key: value`` may not be put on a PodMonitor the operator creates: not a Kubernetes
+    label, or one of the operator's own labels (refused, never silently dropped: the operator's
+    selectors and cleanup rely on them). ``None`` when it may."""
+    problem = label_problem(key, value)
+    if problem is None and (key.startswith(RESERVED_LABEL_PREFIX) or key in RESERVED_LABEL_KEYS):
+        problem = (f"label key {key!r} is the operator's own ({RESERVED_LABEL_PREFIX}* and "
+                   f"{', '.join(RESERVED_LABEL_KEYS)} are set by the operator and cannot be overridden)")
+    return problem
+
+
+def _reserved_label_cel() -> str:
+    keys = ", ".join(f"'{k}'" for k in RESERVED_LABEL_KEYS)
+    return f"!k.startsWith('{RESERVED_LABEL_PREFIX}') && !(k in [{keys}])"
+
+
 HeaderName = Annotated[str, Field(max_length=256)]
 HeaderValue = Annotated[str, Field(max_length=1024, pattern=HEADER_VALUE_PATTERN)]
 _RESERVED_CEL = "[" + ", ".join(f"'{h}'" for h in RESERVED_HEADERS) + "]"
@@ -727,6 +756,28 @@ class PrometheusSpec(ApiModel):
                  "analysis.prometheus.headers: header names are HTTP tokens (letters, digits and !#$%&'*+.^_`|~-), "
                  "and not Authorization, Cookie or a header the client sets (" + ", ".join(RESERVED_HEADERS) + ")"),
         ]})
+
+    pod_monitor_labels: Optional[dict[Annotated[str, Field(max_length=317)], LabelValue]] = Field(
+        default=None, max_length=MAX_POD_MONITOR_LABELS,
+        description="Labels on the PodMonitor the operator creates for this policy's canary and control (where the "
+                    "Prometheus Operator's CRDs are installed), over the chart's podMonitor.labels (same key: this "
+                    "value): the labels your Prometheus' podMonitorSelector picks, e.g. release: <the "
+                    "kube-prometheus-stack release's name>. The operator's own labels (lookahead.dev/*, "
+                    "app.kubernetes.io/managed-by) are refused. Read when the PodMonitor is created.",
+        json_schema_extra={"maxProperties": MAX_POD_MONITOR_LABELS, "x-kubernetes-validations": [
+            _cel(f"self.all(k, size(k) <= 317 && k.indexOf('/') <= 253 && k.matches(r'{LABEL_KEY_STRICT_PATTERN}') "
+                 f"&& {_reserved_label_cel()})",
+                 f"analysis.prometheus.podMonitorLabels: {POD_MONITOR_LABELS_RULE}"),
+        ]})
+
+    @field_validator("pod_monitor_labels", mode="before")
+    @classmethod
+    def _pod_monitor_labels(cls, v: Any) -> Any:
+        for key, value in (v.items() if isinstance(v, dict) else ()):
+            problem = pod_monitor_label_problem(key, value)
+            if problem:
+                raise ValueError(f"analysis.prometheus.podMonitorLabels: {problem}")
+        return v
 
     @field_validator("headers")
     @classmethod

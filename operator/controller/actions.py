@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -26,6 +27,12 @@ from lookahead_operator.api.names import ANNOTATION_OWNER, ANNOTATION_PROMOTED, 
 from lookahead_operator.api.spec import CanaryCapacity, LookaheadPolicySpec
 
 log = logging.getLogger("lookahead_operator")
+
+try:
+    #: The chart's podMonitor.labels (``builders.chart_pod_monitor_labels``): on every PodMonitor.
+    POD_MONITOR_LABELS = b.chart_pod_monitor_labels(os.environ.get(b.POD_MONITOR_LABELS_ENV))
+except ValueError as _exc:
+    raise SystemExit(str(_exc)) from None
 
 #: How many times a whole-object write (promote, restore) re-reads and retries after a 409 (the
 #: Deployment changed between the read and the write: a status update, a scale, or a user's edit,
@@ -150,7 +157,9 @@ def _ensure_roles(c: Ctx, a: Action) -> None:
             post_event(c.k, c.body, "Normal", "Launched",
                    f"created {role} {obj['metadata']['namespace']}/{obj['metadata']['name']}")
     if c.k.has_pod_monitor_crd():
-        c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace, b.metrics_port_ref(serving, default_port)))
+        labels = b.pod_monitor_labels(POD_MONITOR_LABELS, c.spec.analysis.prometheus.pod_monitor_labels)
+        c.k.create_if_absent(b.build_pod_monitor(c.body, source.namespace, b.metrics_port_ref(serving, default_port),
+                                                 labels=labels))
 
 
 def _roles_namespace(w: Observed) -> str:

@@ -13,6 +13,7 @@ import json
 import math
 from typing import Callable, Iterable
 
+from lookahead_operator.api.spec import MAX_POD_MONITOR_LABELS, pod_monitor_label_problem
 from lookahead_operator.api.names import (  # noqa: F401 - the names builders put on objects (api/names.py owns them)
     ANNOTATION_ORIGINAL_TEMPLATE,
     ANNOTATION_OWNER,
@@ -301,12 +302,49 @@ def build_load_job(policy: dict, namespace: str, role: str, step: int | str, run
     }
 
 
-def build_pod_monitor(policy: dict, namespace: str, port: str | int = "http", path: str = "/metrics") -> dict:
+#: The chart's podMonitor.labels, as JSON: the labels on every PodMonitor the operator creates
+#: (kube-prometheus-stack's Prometheus picks PodMonitors labelled ``release: <its release>``).
+POD_MONITOR_LABELS_ENV = "LOOKAHEAD_POD_MONITOR_LABELS"
+
+
+def chart_pod_monitor_labels(raw: str | None) -> dict[str, str]:
+    """The chart's podMonitor.labels from ``LOOKAHEAD_POD_MONITOR_LABELS`` (a JSON object; unset,
+    empty or ``null``: none), checked by the rule of a policy's ``analysis.prometheus.podMonitorLabels``
+    (Kubernetes label syntax, none of the operator's own). ``ValueError`` naming the variable and
+    the first bad label otherwise (the operator refuses to start on it)."""
+    where = f"{POD_MONITOR_LABELS_ENV} (the chart's podMonitor.labels)"
+    if not raw or not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg}); expected an object such as "
+                         '{"release": "kube-prometheus-stack"}') from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object (label key -> value), got {type(data).__name__}")
+    if len(data) > MAX_POD_MONITOR_LABELS:
+        raise ValueError(f"{where}: at most {MAX_POD_MONITOR_LABELS} labels, got {len(data)}")
+    for key, value in data.items():
+        problem = pod_monitor_label_problem(key, value)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+    return dict(data)
+
+
+def build_pod_monitor(policy: dict, namespace: str, port: str | int = "http", path: str = "/metrics",
+                      labels: dict[str, str] | None = None) -> dict:
     """A Prometheus Operator PodMonitor scraping the policy's canary and control pods on their
     engine container's port (``metrics_port_ref``: never a mesh proxy's port): by name (``port``),
     or by number for a port without one (``portNumber``, Prometheus Operator 0.79+, which replaced
     the deprecated ``targetPort``; an older operator drops the field it does not know, so a
     relabelling keeps only that port number on every version).
+
+    ``labels`` go on its metadata beside the operator's own: what a Prometheus' ``podMonitorSelector``
+    picks (the chart's podMonitor.labels with the policy's ``analysis.prometheus.podMonitorLabels``
+    over them: ``pod_monitor_labels``). The validation refuses the operator's own keys in them; were
+    one to get through, the operator's value wins.
 
     The relabelling copies the pod labels the queries rely on into ``lookahead_dev_role``,
     ``lookahead_dev_policy`` and ``lookahead_dev_target`` (what the annotation-based scrape config
@@ -324,7 +362,7 @@ def build_pod_monitor(policy: dict, namespace: str, port: str | int = "http", pa
     else:
         endpoint = {"port": port}
     meta = owned_metadata(policy, owned_name(policy["metadata"].get("namespace"), policy_name, namespace), namespace,
-                          {**policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY})
+                          {**(labels or {}), **policy_labels(policy), LABEL_MANAGED_BY: MANAGED_BY})
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -335,6 +373,12 @@ def build_pod_monitor(policy: dict, namespace: str, port: str | int = "http", pa
             "podMetricsEndpoints": [{**endpoint, "path": path, "interval": "5s", "relabelings": relabel}],
         },
     }
+
+
+def pod_monitor_labels(chart: dict[str, str], policy: dict[str, str] | None) -> dict[str, str]:
+    """The labels a policy's PodMonitor carries besides the operator's own: the chart's, with the
+    policy's ``analysis.prometheus.podMonitorLabels`` over them (same key: the policy's value)."""
+    return {**chart, **(policy or {})}
 
 
 # --- the user's Deployments: save, promote, restore ------------------------------------------

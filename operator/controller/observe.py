@@ -63,6 +63,19 @@ def _allow_list_env() -> dict[str, frozenset[str]]:
 CROSS_NAMESPACE = _allow_list_env()
 
 
+def _watch_namespace_env() -> str | None:
+    try:
+        return tenancy.parse_watch_namespace(os.environ.get(tenancy.WATCH_ENV), CROSS_NAMESPACE)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+#: A namespaced install's one namespace (the chart's watchNamespace), None when cluster-wide: its
+#: policies target that namespace alone, and nothing cluster-scoped (Nodes, every namespace's Pods,
+#: Namespaces) is read.
+WATCH_NAMESPACE = _watch_namespace_env()
+
+
 def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | None, status: LookaheadPolicyStatus,
             now: datetime) -> Observed:
     """The world as the state machine sees it, read through ``k`` (a ``cache.CachedView``, or the
@@ -83,7 +96,12 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
 
     namespaces = k.target_namespaces(meta["namespace"], spec.targets.namespace_selector, spec.targets.namespaces)
     refused = tenancy.refused_namespaces(meta["namespace"], namespaces, CROSS_NAMESPACE)
-    if refused:  # never read, claim or change a Deployment there (the claimed ones are still put back)
+    selector = spec.targets.namespace_selector is not None and not spec.targets.namespaces
+    if WATCH_NAMESPACE is not None and (refused or selector):
+        # a namespaced install: its own namespace only (a selector cannot even be read: no Namespaces)
+        world.namespace_refusal = tenancy.scope_refusal(WATCH_NAMESPACE, refused, selector)
+        namespaces = [ns for ns in namespaces if ns not in refused] if not selector else [meta["namespace"]]
+    elif refused:  # never read, claim or change a Deployment there (the claimed ones are still put back)
         world.namespace_refusal = tenancy.refusal(meta["namespace"], refused, CROSS_NAMESPACE)
         namespaces = [ns for ns in namespaces if ns not in refused]
     found = [target_of(d, spec.engine) for d in k.deployments(namespaces, spec.targets.selector)]
@@ -180,6 +198,11 @@ def _read_pool(k, world: Observed) -> None:
     template = d["spec"]["template"]
     world.accelerators = fleet.accelerators(template)
     if not world.accelerators:
+        return
+    if WATCH_NAMESPACE is not None:  # a namespaced install has no grant on Nodes nor on other namespaces' Pods
+        world.pool_error = (f"not read: this operator is installed for namespace {WATCH_NAMESPACE} only "
+                            f"({tenancy.WATCH_WHERE}) and may not list Nodes nor every namespace's Pods; "
+                            "spec.canary.capacity: carveOut needs no spare accelerator")
         return
     try:
         world.pool = fleet.pool_room(k.nodes(), k.placed_pods(), template)

@@ -108,7 +108,9 @@ class Snapshot:
     def of(cls, policy_ns: str, policy_name: str, spec: LookaheadPolicySpec | None, status_targets: Iterable,
            namespaces_idx: Any, deployments_idx: Any, pods_idx: Any, jobs_idx: Any) -> "Snapshot":
         snap = cls()
-        if spec is not None and spec.targets.namespace_selector is not None and not spec.targets.namespaces:
+        if (namespaces_idx is not None and spec is not None and spec.targets.namespace_selector is not None
+                and not spec.targets.namespaces):
+            # (no index: a namespaced install, which watches no Namespaces and selects none)
             # (only then: copying every namespace's labels on every pass would cost O(namespaces))
             snap.namespaces = {name: dict(next(iter(_items(namespaces_idx, name)), {})) for name in list(namespaces_idx)}
         wanted = {policy_ns} | {t.namespace for t in status_targets or []}

@@ -92,7 +92,12 @@ class Kube:
     operator would only turn back into dicts; at hundreds of policies that was a fifth of the
     operator's CPU. Errors are the client's ``ApiException`` (``status``, ``reason``, ``body``)."""
 
-    def __init__(self, api_client: client.ApiClient | None = None):
+    def __init__(self, api_client: client.ApiClient | None = None, namespace: str | None = None):
+        """``namespace``: a namespaced install's one namespace (``controller.tenancy``'s watch
+        namespace). Every read that would list across namespaces (our canary, control, wave
+        Deployments and load Jobs by label, placed pods) then lists that namespace only, and
+        nothing cluster-scoped is read (Namespaces, CRDs): its Role grants nothing more."""
+        self.namespace = namespace
         if api_client is None:
             cfg = client.Configuration.get_default_copy()
             cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, POOL_SIZE)
@@ -133,6 +138,10 @@ class Kube:
     def target_namespaces(self, policy_namespace: str, namespace_selector, namespaces: list[str] | None) -> list[str]:
         """The namespaces to search: the explicit list, else those the selector (a
         ``api.spec.LabelSelector``; empty = all) matches, else the policy's own."""
+        if self.namespace is not None:   # namespaced: nothing beyond it (no Namespaces to select from)
+            if namespaces:
+                return [ns for ns in sorted(set(namespaces)) if ns == self.namespace]
+            return [] if namespace_selector is not None else [policy_namespace]
         if namespaces:
             return sorted(namespaces)
         if namespace_selector is not None:
@@ -152,6 +161,11 @@ class Kube:
                 out.append(body)
         return out
 
+    def _across(self, group_path: str, plural: str) -> str:
+        """The path listing ``plural`` in every namespace, or in a namespaced install's one."""
+        return (f"{group_path}/namespaces/{self.namespace}/{plural}" if self.namespace is not None
+                else f"{group_path}/{plural}")
+
     def get_deployment(self, namespace: str, name: str) -> dict | None:
         return self.request("GET", f"{_APPS}/namespaces/{namespace}/deployments/{name}", ignore=(404,))
 
@@ -163,14 +177,14 @@ class Kube:
 
     def role_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_MANAGED_BY}={api.MANAGED_BY}"
-        return [d for d in self._list(f"{_APPS}/deployments", sel)
+        return [d for d in self._list(self._across(_APPS, "deployments"), sel)
                 if (d["metadata"].get("labels") or {}).get(api.LABEL_ROLE) in api.ROLES]
 
     def wave_deployments(self, policy_ns: str, policy_name: str) -> list[dict]:
         """The policy's wave Deployments (``builders.build_wave_deployment``), in every namespace."""
         sel = (f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_MANAGED_BY}={api.MANAGED_BY},"
                f"{api.LABEL_ROLE}={api.ROLE_WAVE}")
-        return self._list(f"{_APPS}/deployments", sel)
+        return self._list(self._across(_APPS, "deployments"), sel)
 
     def role_pods(self, namespace: str, policy_ns: str, policy_name: str, role: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_ROLE}={role}"
@@ -185,11 +199,11 @@ class Kube:
     def placed_pods(self) -> list[dict]:
         """Every pod that holds what the scheduler gave it (placed on a node, not finished), in
         every namespace: what a node's allocatable is already spent on."""
-        return self._list(f"{_CORE}/pods", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+        return self._list(self._across(_CORE, "pods"), field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
 
     def load_jobs(self, policy_ns: str, policy_name: str) -> list[dict]:
         sel = f"{self._policy_selector(policy_ns, policy_name)},{api.LABEL_ROLE}=loadgen"
-        return self._list(f"{_BATCH}/jobs", sel)
+        return self._list(self._across(_BATCH, "jobs"), sel)
 
     def get_policy(self, namespace: str, name: str) -> dict | None:
         return self.request("GET", _policies_path(namespace, name), ignore=(404,))
@@ -295,6 +309,11 @@ class Kube:
         """Whether the Prometheus Operator's PodMonitor CRD exists (looked up at most once a minute)."""
         if self._crd_checked and time.monotonic() - self._crd_checked[0] < 60:
             return self._crd_checked[1]
+        if self.namespace is not None:  # namespaced: no grant on CRDs; API discovery is open to every user
+            served = self.request("GET", "/apis/monitoring.coreos.com/v1", ignore=(404,)) or {}
+            found = any(r.get("name") == "podmonitors" for r in served.get("resources") or [])
+            self._crd_checked = (time.monotonic(), found)
+            return found
         found = self.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
                                     "podmonitors.monitoring.coreos.com", ignore=(404,)) is not None
         self._crd_checked = (time.monotonic(), found)

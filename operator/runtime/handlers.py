@@ -2,6 +2,10 @@
 
     kopf run -m lookahead_operator.runtime.handlers --all-namespaces --liveness=http://0.0.0.0:8080/healthz
 
+or, a namespaced install (the chart's ``watchNamespace``), watching and acting in one namespace::
+
+    LOOKAHEAD_WATCH_NAMESPACE=team-a kopf run -m lookahead_operator.runtime.handlers --namespace=team-a ...
+
 A pass: ``observe.observe`` reads the world from the watched caches (``cache``), the pure
 ``statemachine.reconcile`` returns the whole next status and the actions, ``actions.ACTIONS``
 carries each out (one small idempotent function each), and ``write_status`` replaces the status
@@ -32,7 +36,7 @@ from lookahead_operator.controller import conditions
 from lookahead_operator import engines
 from lookahead_operator.runtime import metrics, notify
 from lookahead_operator.runtime.wakeups import Wakeups, pending_namespaces
-from lookahead_operator.controller import observe
+from lookahead_operator.controller import observe, tenancy
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Action, Observed
 from lookahead_operator.api.names import FINALIZER, GROUP, PLURAL, VERSION
@@ -62,7 +66,7 @@ def kube() -> Kube:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
-        _kube = Kube()
+        _kube = Kube(namespace=observe.WATCH_NAMESPACE)
     return _kube
 
 
@@ -94,6 +98,17 @@ def peering_priority(pod_name: str) -> int:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
+    if observe.WATCH_NAMESPACE is not None:
+        if settings.peering.clusterwide:
+            # Kopf would watch policies everywhere while the operator may act in one namespace only
+            raise kopf.PermanentError(
+                f"{tenancy.WATCH_ENV}={observe.WATCH_NAMESPACE} (a namespaced install) but Kopf runs with "
+                f"--all-namespaces: run `kopf run ... --namespace={observe.WATCH_NAMESPACE}` (the chart does), "
+                f"or leave {tenancy.WATCH_ENV} empty for a cluster-wide operator")
+        # Kopf's own cluster-scoped watches (Namespaces, CRDs) are not granted by a namespaced Role
+        settings.scanning.disabled = True
+        log.info("namespaced install: watching and acting in namespace %s only (%s); no GPU-pool capacity "
+                 "check (Nodes are not readable)", observe.WATCH_NAMESPACE, tenancy.WATCH_WHERE)
     settings.persistence.finalizer = FINALIZER
     if os.environ.get("LOOKAHEAD_PEERING_PRIORITY"):
         settings.peering.priority = int(os.environ["LOOKAHEAD_PEERING_PRIORITY"])
@@ -146,9 +161,12 @@ def probe(**_) -> float:
 
 # (async: Kopf runs a sync handler in a thread, once per watch event of every object)
 
-@kopf.index("namespaces")
 async def namespace_labels(name, labels, **_):
     return {name: dict(labels)}
+
+
+if observe.WATCH_NAMESPACE is None:  # (a namespaced install may not watch Namespaces: no namespace selector)
+    namespace_labels = kopf.index("namespaces")(namespace_labels)
 
 
 @kopf.index("apps", "v1", "deployments")
@@ -198,8 +216,8 @@ async def _sleep(wake_event: asyncio.Event, stopped, timeout: float | None) -> N
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=30.0)
-async def run(stopped, body, meta, namespace_labels, deployments_by_namespace, pods_by_policy, jobs_by_policy,
-              **_) -> None:
+async def run(stopped, body, meta, deployments_by_namespace, pods_by_policy, jobs_by_policy,
+              namespace_labels=None, **_) -> None:
     """One policy's daemon: a pass whenever something it waits on changes, or its plan's time has
     come. Between passes it holds nothing of the policy but the resourceVersions its own status
     writes replaced (the live body is Kopf's; hundreds of sleeping daemons must not each keep a

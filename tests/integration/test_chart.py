@@ -104,6 +104,43 @@ def test_the_load_generator_image_is_the_operators_unless_given(helm):
     assert loadgen_image("--set", "operator.loadgenImage=registry.example/loadgen:1")[0] == "registry.example/loadgen:1"
 
 
+def test_pod_monitor_labels_reach_the_operator_checked_by_its_own_rule(helm):
+    """Issue 24, item 3: the chart's podMonitor.labels reach the operator as
+    LOOKAHEAD_POD_MONITOR_LABELS (JSON), kube-prometheus-stack's `release` label by default; the
+    operator reads the rendered value with the rule it applies at start (builders.chart_pod_monitor_labels)."""
+    from lookahead_operator.controller import builders
+
+    def labels(*extra: str) -> dict:
+        (dep,) = by_kind(render(helm, "lookahead", "lookahead-system", *extra))["Deployment"]
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        return builders.chart_pod_monitor_labels(env[builders.POD_MONITOR_LABELS_ENV])
+
+    assert labels() == {"release": "kube-prometheus-stack"}
+    assert labels("--set", "podMonitor.labels.release=monitoring") == {"release": "monitoring"}
+    assert labels("--set", "podMonitor.labels.release=null") == {}
+    assert labels("--set", "podMonitor.labels=null") == {}
+    assert labels("--set", "podMonitor.labels.example\\.com/team=ml") == {
+        "release": "kube-prometheus-stack", "example.com/team": "ml"}
+
+
+@pytest.mark.parametrize("args, message", [
+    # the operator's own labels: refused naming the value and the rule
+    (["--set", "podMonitor.labels.lookahead\\.dev/policy=x"],
+     "podMonitor.labels: label key lookahead.dev/policy is the operator's own"),
+    (["--set", "podMonitor.labels.app\\.kubernetes\\.io/managed-by=Helm"],
+     "podMonitor.labels: label key app.kubernetes.io/managed-by is the operator's own"),
+    # Kubernetes label syntax (the schema)
+    (["--set", "podMonitor.labels.bad!key=x"], "invalid propertyName 'bad!key'"),
+    (["--set", f"podMonitor.labels.{'k' * 64}=x"], f"invalid propertyName '{'k' * 64}'"),
+    (["--set-string", "podMonitor.labels.release=not_ok-"], "/podMonitor/labels/release"),
+    (["--set", "podMonitor.label.release=x"], "/podMonitor"),
+])
+def test_bad_pod_monitor_labels_are_refused(helm, args, message):
+    proc = run_helm(helm, "template", "r", str(CHART), *args, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
 def test_rendered_objects(helm):
     docs = by_kind(render(helm, "lookahead", "lookahead-system"))
     assert set(docs) == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",

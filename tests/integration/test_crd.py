@@ -181,6 +181,10 @@ VALID = {
                                     "load.priorityClassName": "batch-low",
                                     "load.imagePullSecrets": [{"name": "regcred"}]},
     "configmap-key-with-dots": {"load.prompts": {"configMapRef": {"name": "team-prompts", "key": ".team..prompts."}}},
+    # the labels a Prometheus' podMonitorSelector picks (kube-prometheus-stack: release: <its release>)
+    "pod-monitor-labels": {"analysis.prometheus.podMonitorLabels": {
+        "release": "kube-prometheus-stack", "example.com/team": "ml-platform", "n" * 63: "v" * 63,
+        "a" * 253 + "/x": "", "app.kubernetes.io/part-of": "lookahead"}},
 }
 
 
@@ -283,6 +287,21 @@ INVALID = {
     "selector-bad-expression-value": ({"targets.selector": {"matchExpressions": [
         {"key": "app", "operator": "In", "values": ["ok", "not ok"]}]}},
         "spec.targets.selector.matchExpressions[0].values[1]"),
+    # PodMonitor labels (issue 24, item 3): Kubernetes label syntax, and never the operator's own
+    "pod-monitor-label-ours": ({"analysis.prometheus.podMonitorLabels": {"lookahead.dev/policy": "other"}},
+                               "spec.analysis.prometheus.podMonitorLabels"),
+    "pod-monitor-label-managed-by": ({"analysis.prometheus.podMonitorLabels": {"app.kubernetes.io/managed-by": "Helm"}},
+                                     "spec.analysis.prometheus.podMonitorLabels"),
+    "pod-monitor-label-bad-key": ({"analysis.prometheus.podMonitorLabels": {"bad key": "x"}},
+                                  "spec.analysis.prometheus.podMonitorLabels"),
+    "pod-monitor-label-name-too-long": ({"analysis.prometheus.podMonitorLabels": {"n" * 64: "x"}},
+                                        "spec.analysis.prometheus.podMonitorLabels"),
+    "pod-monitor-label-prefix-too-long": ({"analysis.prometheus.podMonitorLabels": {"a" * 254 + "/x": "x"}},
+                                          "spec.analysis.prometheus.podMonitorLabels"),
+    "pod-monitor-label-bad-value": ({"analysis.prometheus.podMonitorLabels": {"release": "kube prometheus"}},
+                                    "spec.analysis.prometheus.podMonitorLabels.release"),
+    "pod-monitor-label-value-too-long": ({"analysis.prometheus.podMonitorLabels": {"release": "v" * 64}},
+                                         "spec.analysis.prometheus.podMonitorLabels.release"),
 }
 
 
@@ -379,6 +398,19 @@ def test_method_on_engine_the_apiserver_and_the_model_agree(objects, namespace, 
     with pytest.raises(ValueError) as refused:
         LookaheadPolicySpec.model_validate(body["spec"])
     assert message in str(refused.value)
+
+
+def test_the_operators_own_pod_monitor_label_is_refused_with_the_rule_in_words(objects, namespace):
+    body = example_body(unique_name("pm-ours"), namespace)
+    _set(body["spec"], "analysis.prometheus.podMonitorLabels", {"release": "kps", "lookahead.dev/role": "canary"})
+    with pytest.raises(ApiException) as err:
+        objects.create_namespaced_custom_object(G, V, namespace, P, body)
+    assert err.value.status == 422, err.value.body
+    message = json.loads(err.value.body)["message"]
+    assert "analysis.prometheus.podMonitorLabels: label keys are Kubernetes label keys" in message
+    assert "not the operator's own (lookahead.dev/*, app.kubernetes.io/managed-by)" in message
+    with pytest.raises(ValueError, match="'lookahead.dev/role' is the operator's own"):
+        LookaheadPolicySpec.model_validate(body["spec"])
 
 
 def test_enough_invalid_cases():
