@@ -218,6 +218,12 @@ class DevRegistry:
             _run([helm, "push", package, f"oci://{self.address}/{CHART_PATH}"], timeout, "helm push", env)
         return f"oci://{self.address}/{CHART_PATH}/{Path(chart_dir).name}"
 
+    def copy(self, src: str, dst: str, timeout: float = 120.0) -> str:
+        """``crane copy`` an image already in this registry to another reference here (another
+        repository or tag, as a user re-tags and pushes); returns ``dst``."""
+        _run([str(registry_binary("crane")), "copy", src, dst], timeout, f"crane copy {src} {dst}", self.client_env())
+        return dst
+
     def catalog(self) -> list[str]:
         with self._get("/v2/_catalog", 5) as resp:
             return list(json.load(resp).get("repositories") or [])

@@ -413,7 +413,7 @@ def test_a_fleet_whose_model_loads_longer_than_the_default_deadline_is_waited_fo
 
 # --- an engine whose /version contradicts its image tag ------------------------------------------
 
-VLLM_TAG = "docker.io/vllm/vllm-openai:v0.33.0"
+VLLM_PATH = "vllm/vllm-openai:v0.33.0"
 
 
 @scenarios.add
@@ -421,12 +421,13 @@ def an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(
         apis, operator_pod, prometheus, real_node, receiver, tmp_path) -> None:
     apps, core, custom, batch = apis
     ns = "e2e-engine-version"
-    # the engine image under a vLLM release's name (a tag says what it likes; the pod says what runs)
-    real_node.ctr("images", "tag", "--force", ENGINE_IMAGE, VLLM_TAG)
+    # the engine image pushed under a vLLM release's name (a tag says what it likes; the pod says
+    # what runs), in the node's registry, which the kubelet pulls it from
+    vllm_tag = real_node.registry.copy(ENGINE_IMAGE, f"{real_node.registry.address}/{VLLM_PATH}")
     make_namespace(core, ns)
     dep = engine_deployment(ns, "chat-vllm", GOOD_GPU, "chat")
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    c["image"] = VLLM_TAG
+    c["image"] = vllm_tag
     c["args"] += ["--report-version", "0.20.1"]    # it answers GET /version as vLLM 0.20.1 would
     apps.create_namespaced_deployment(ns, dep)
     wait_for(lambda: (apps.read_namespaced_deployment("chat-vllm", ns).status.ready_replicas or 0) == 1,
