@@ -238,6 +238,13 @@ class Kube:
             path = f"{_BATCH}/namespaces/{ns}/jobs"
         elif kind == "PodMonitor":
             path = f"/apis/monitoring.coreos.com/v1/namespaces/{ns}/podmonitors"
+            # the CRD removed since ``has_pod_monitor_crd`` looked (a minute's cache): not served
+            # any more, so nothing to create; the next look asks the apiserver again
+            answer = self.request("POST", path, body=body, ignore=(404, 409))
+            if answer is None and self._crd_checked and not self._pod_monitors_served_now():
+                self._crd_checked = (time.monotonic(), False)
+                return False
+            return answer is not None
         else:
             raise ValueError(f"cannot create {kind}")
         return self.request("POST", path, body=body, ignore=(409,)) is not None
@@ -309,15 +316,16 @@ class Kube:
         """Whether the Prometheus Operator's PodMonitor CRD exists (looked up at most once a minute)."""
         if self._crd_checked and time.monotonic() - self._crd_checked[0] < 60:
             return self._crd_checked[1]
-        if self.namespace is not None:  # namespaced: no grant on CRDs; API discovery is open to every user
-            served = self.request("GET", "/apis/monitoring.coreos.com/v1", ignore=(404,)) or {}
-            found = any(r.get("name") == "podmonitors" for r in served.get("resources") or [])
-            self._crd_checked = (time.monotonic(), found)
-            return found
-        found = self.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                                    "podmonitors.monitoring.coreos.com", ignore=(404,)) is not None
+        found = self._pod_monitors_served_now()
         self._crd_checked = (time.monotonic(), found)
         return found
+
+    def _pod_monitors_served_now(self) -> bool:
+        if self.namespace is not None:  # namespaced: no grant on CRDs; API discovery is open to every user
+            served = self.request("GET", "/apis/monitoring.coreos.com/v1", ignore=(404,)) or {}
+            return any(r.get("name") == "podmonitors" for r in served.get("resources") or [])
+        return self.request("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                                   "podmonitors.monitoring.coreos.com", ignore=(404,)) is not None
 
     def event(self, policy: dict, type_: str, reason: str, message: str, component: str = "lookahead-operator") -> None:
         from datetime import datetime, timezone

@@ -14,21 +14,31 @@ module's one operator (tests/e2e/together.py):
   within a minute; with ``carveOut`` two of the fleet's replicas make room for them, the rollout
   reaches its decision and promotes on the full pool, and the fleet gets its four replicas back.
 
+* Prometheus as kube-prometheus-stack runs it (issue 24): the Prometheus Operator (built from its Go
+  module, a host process) runs a Prometheus on the node from images in the node's registry; the
+  PodMonitor the operator makes for a policy's canary and control, labelled as the chart says by
+  default, is picked by that Prometheus' default selector and its engines are scraped.
+
 The module's operator posts its notifications (issue 24) to a receiver on the host: each sink gets
 one message per decision and one per policy that ended (``assert_notified``).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
+from kubernetes import client
 from kubernetes.client import CoreV1Api
 from kubernetes.client.rest import ApiException
 
 from lookahead_operator.api.names import GROUP, PLURAL, VERSION
 from lookahead_operator.controller import builders as b
+from lookahead_dev import prometheus_operator as po
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import EXTENDED_RESOURCES
 from lookahead_dev.webhook_receiver import WebhookReceiver
@@ -452,4 +462,127 @@ def an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(
 
 
 def test_an_engine_whose_version_is_older_than_its_tag_is_refused_regime_aware(running, request, reliability):
+    running.result(request)
+
+
+# --- a PodMonitor scraped by the Prometheus Operator's Prometheus ---------------------------------
+
+def _query(url: str, promql: str) -> list[dict]:
+    """An instant query; [] when that Prometheus does not answer (yet)."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}",
+                                    timeout=5) as resp:
+            return json.load(resp)["data"]["result"]
+    except OSError:
+        return []
+
+
+def _diagnose(core, mon_ns: str, name: str, url: str) -> str:
+    """What a failure must show: the targets that Prometheus has, the scrape jobs of its config,
+    its containers' logs."""
+    out = []
+    for path in ("/api/v1/targets?state=any", "/api/v1/status/config"):
+        try:
+            with urllib.request.urlopen(url + path, timeout=5) as resp:
+                out.append(f"{path}: {resp.read().decode()[:3000]}")
+        except OSError as exc:
+            out.append(f"{path}: {exc}")
+    for pod in core.list_namespaced_pod(mon_ns, label_selector=f"prometheus={name}").items:
+        for c in pod.spec.containers:
+            try:
+                log = core.read_namespaced_pod_log(pod.metadata.name, mon_ns, container=c.name, tail_lines=15)
+            except client.ApiException as exc:
+                log = str(exc)
+            out.append(f"{pod.metadata.name}/{c.name}:\n{log}")
+    return "\n".join(out)
+
+
+@scenarios.add
+def a_pod_monitor_made_by_the_operator_is_scraped_by_the_prometheus_operators_prometheus(
+        apis, operator_pod, prometheus, real_node, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns, mon_ns = "e2e-podmonitor", "e2e-monitoring"
+    # the Prometheus and config-reloader images, built here, in the node's registry as a platform
+    # team mirrors upstream's
+    refs = {name: real_node.registry.push_archive(archive) for name, archive in po.pack_images(tmp_path).items()}
+    for n in (ns, mon_ns):
+        make_namespace(core, n)
+    with po.crds_installed(apps.api_client):
+        served = time.monotonic()
+        operator = po.PrometheusOperator(operator_pod.cluster.kubeconfig, [mon_ns, ns], refs["prometheus-config-reloader"],
+                                         tmp_path / "prometheus-operator.log").start()
+        try:
+            _pod_monitor_scraped(apps, core, custom, ns, mon_ns, refs["prometheus"], prometheus, operator, served,
+                                 real_node.in_cluster_env())
+        finally:
+            operator.stop()
+
+
+def _pod_monitor_scraped(apps, core, custom, ns, mon_ns, prometheus_image, prometheus, operator, served,
+                         in_cluster_env: list[dict]) -> None:
+    # the Prometheus' service account may discover and scrape the fleet's pods (the chart of
+    # kube-prometheus-stack grants it cluster-wide; one namespace is enough here)
+    rbac = client.RbacAuthorizationV1Api(apps.api_client)
+    core.create_namespaced_service_account(mon_ns, {"metadata": {"name": "prometheus"}})
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "prometheus"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods", "services", "endpoints"], "verbs": ["get", "list", "watch"]}]})
+    rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": "prometheus"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prometheus"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": mon_ns}]})
+    version = prometheus_image.rsplit(":", 1)[1]
+    body = po.kube_prometheus_stack_prometheus(mon_ns, image=prometheus_image, version=version,
+                                               service_account="prometheus", scrape_interval="5s")
+    # (a small request: the node is two cores shared by this module's fleets)
+    body["spec"]["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
+    # its Kubernetes discovery reaches the apiserver as the operator's Pod does on this node
+    # (DevNode.in_cluster_env: the kubernetes Service's endpoint is the host's loopback here), set
+    # through the Prometheus' own container overrides, merged by the Prometheus Operator
+    body["spec"]["containers"] = [{"name": "prometheus", "env": in_cluster_env}]
+    custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", mon_ns, "prometheuses", body)
+    name = body["metadata"]["name"]
+
+    def prometheus_url() -> str | None:
+        pods = core.list_namespaced_pod(mon_ns, label_selector=f"prometheus={name}").items
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return f"http://{ready[0].status.pod_ip}:9090" if ready else None
+
+    apps.create_namespaced_deployment(ns, engine_deployment(ns, "chat-a", GOOD_GPU, "chat"))
+    # The operator looks the PodMonitor CRD up at most once a minute (Kube.has_pod_monitor_crd):
+    # the policy goes in once a minute has passed since the CRDs were served, and the Prometheus
+    # the Prometheus Operator made from the registry's images answers.
+    url = wait_for(lambda: time.monotonic() - served > 61 and prometheus_url(), 240,
+                   "the Prometheus Operator's Prometheus ready, from the node's registry", interval=1.0,
+                   alive=operator.dead)
+    wait_for(lambda: (apps.read_namespaced_deployment("chat-a", ns).status.ready_replicas or 0) == 1,
+             120, "the fleet's pod ready", interval=1.0)
+    apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["100%"]))
+    monitors = wait_for(lambda: custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", ns,
+                                                                     "podmonitors")["items"],
+                        120, "the operator's PodMonitor", interval=1.0)
+    (mon,) = monitors
+    assert mon["metadata"]["labels"]["release"] == po.RELEASE, mon["metadata"]   # the chart's default
+    assert mon["spec"]["podMetricsEndpoints"][0]["port"] == "http", mon["spec"]  # the engine's port, by its name
+    # both arms' engines scraped through that PodMonitor's job, their load's tokens counted
+    promql = (f'sum by (lookahead_dev_role, job) ({{__name__=~".+generation_tokens_total", namespace="{ns}", '
+              f'lookahead_dev_policy="chat"}}) > 0')
+    try:
+        rows = wait_for(lambda: (r := _query(url, promql)) and len(r) == 2 and r, 240,
+                        "canary's and control's tokens in the Prometheus Operator's Prometheus", interval=2.0)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{_diagnose(core, mon_ns, name, url)}\n"
+                             f"Prometheus Operator log:\n{operator.tail()}") from None
+    assert {r["metric"]["lookahead_dev_role"] for r in rows} == {"canary", "control"}, rows
+    assert {r["metric"]["job"] for r in rows} == {f"{ns}/{mon['metadata']['name']}"}, rows
+    print(f"\n{ns}: scraped by the Prometheus Operator's Prometheus: "
+          f"{[(r['metric']['lookahead_dev_role'], r['value'][1]) for r in rows]}")
+    # the policy's end takes its PodMonitor with it
+    custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat")
+    wait_for(lambda: _gone(custom, ns, "chat") and not custom.list_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", ns, "podmonitors")["items"], 120, "the policy and its PodMonitor gone",
+        interval=1.0)
+
+
+def test_a_pod_monitor_made_by_the_operator_is_scraped_by_the_prometheus_operators_prometheus(
+        running, request, reliability):
     running.result(request)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
 import time
 from base64 import b64decode
 from pathlib import Path
@@ -31,86 +29,35 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from lookahead_dev.devcluster import cache_dir, free_port
+from lookahead_dev import prometheus_operator as po
+from lookahead_dev.devcluster import DevClusterError
+from lookahead_dev.prometheus_operator import RELEASE
 from lookahead_operator.controller import builders as b
 
-from .helpers import namespace_while_used, terminate, unique_name, wait_until
+from .helpers import namespace_while_used, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_VALUES = REPO / "charts" / "lookahead-operator" / "values.yaml"
-PO_VERSION = "v0.85.0"
-BUILD = "`bash hack/build-prometheus-operator.sh` (`make prometheus-operator`; `make deps` does it)"
-#: kube-prometheus-stack's Helm release; its Prometheus picks PodMonitors labelled release=<this>
-RELEASE = "kube-prometheus-stack"
 PROMETHEUS = f"{RELEASE}-prometheus"
 #: the policies the PodMonitors are for live in another namespace than their targets (no owner
 #: reference then: the garbage collector has no LookaheadPolicy to look for)
 POLICY_NAMESPACE = "team-a"
 
 
-class _CRDLoader(yaml.SafeLoader):
-    """PyYAML resolves a bare ``=`` (an enum value in the Prometheus Operator's CRDs: relabel
-    actions) to the YAML 1.1 "value" tag it has no constructor for; it is the string "="."""
-
-
-_CRDLoader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
-
-
-def _crd_docs(path: Path) -> list[dict]:
-    return [d for d in yaml.load_all(path.read_text(), Loader=_CRDLoader) if d]
-
-
-def _root() -> Path:
-    return cache_dir() / f"prometheus-operator-{PO_VERSION}"
-
-
 @pytest.fixture(scope="module")
-def po_binary() -> Path:
-    path = _root() / "bin" / "operator"
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"the Prometheus Operator is not built ({path} missing): run {BUILD}", pytrace=False)
-    return path
-
-
-@pytest.fixture(scope="module")
-def po_crds(po_binary, kube_api):
-    """The Prometheus Operator's CRDs, from the module it was built from; removed at the end when
-    this module installed them (the rest of the session's tests assume a cluster without them:
-    tests/integration/test_chart.py)."""
-    files = sorted((_root() / "crds").glob("monitoring.coreos.com_*.yaml"))
-    if not files:
-        pytest.fail(f"no Prometheus Operator CRDs under {_root() / 'crds'}: run {BUILD}", pytrace=False)
-    ext = client.ApiextensionsV1Api(kube_api)
-    created = []
+def po_crds(kube_api):
+    """The Prometheus Operator's CRDs, from the module it was built from, for this module's tests
+    (``lookahead_dev.prometheus_operator.crds_installed``: removed at the end when installed here;
+    the rest of the session's tests assume a cluster without them: tests/integration/test_chart.py)."""
     try:
-        for f in files:
-            for crd in _crd_docs(f):
-                try:
-                    ext.create_custom_resource_definition(crd)
-                    created.append(crd["metadata"]["name"])
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-        names = [d["metadata"]["name"] for f in files for d in _crd_docs(f)]
-
-        def established():
-            for name in names:
-                conds = ext.read_custom_resource_definition(name).status.conditions or []
-                if not any(c.type == "Established" and c.status == "True" for c in conds):
-                    return False
-            return True
-
-        wait_until(established, 60, "the Prometheus Operator's CRDs Established", 0.5)
+        po.binary()
+        po.crd_files()
+    except DevClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with po.crds_installed(kube_api) as names:
         yield names
-    finally:
-        for name in created:
-            try:
-                ext.delete_custom_resource_definition(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
 
 
 @pytest.fixture(scope="module")
@@ -119,27 +66,15 @@ def namespace(kube_api, po_crds):
 
 
 @pytest.fixture(scope="module")
-def prometheus_operator(devcluster, po_binary, namespace, tmp_path_factory):
+def prometheus_operator(devcluster, namespace, tmp_path_factory):
     """The real operator, a host process on the admin kubeconfig, scoped to ``namespace``; stopped
     at teardown whatever happened. Yields a function returning its log's last lines."""
-    log_path = tmp_path_factory.mktemp("prometheus-operator") / "operator.log"
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "KUBECONFIG": str(devcluster.kubeconfig)}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(po_binary), f"--namespaces={namespace}", f"--web.listen-address=127.0.0.1:{free_port()}",
-             "--log-level=debug", "--kubelet-endpoints=false"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def tail(lines: int = 40) -> str:
-        text = log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
+    op = po.PrometheusOperator(devcluster.kubeconfig, [namespace], po.image_references()["prometheus-config-reloader"],
+                               tmp_path_factory.mktemp("prometheus-operator") / "operator.log").start()
     try:
-        time.sleep(0.5)
-        assert proc.poll() is None, f"the Prometheus Operator exited at once ({proc.returncode}):\n{tail()}"
-        yield tail
+        yield op.tail
     finally:
-        terminate(proc, grace=10)
+        op.stop()
 
 
 def chart_default_labels() -> dict[str, str]:
@@ -151,19 +86,6 @@ def chart_default_labels() -> dict[str, str]:
 def policy(name: str) -> dict:
     return {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
             "metadata": {"name": name, "namespace": POLICY_NAMESPACE, "uid": f"uid-{name}"}}
-
-
-def kube_prometheus_stack_prometheus(namespace: str) -> dict:
-    """A Prometheus with kube-prometheus-stack's default selectors (its prometheus.yaml template
-    with the *SelectorNilUsesHelmValues: true defaults): release=<release>, from every namespace."""
-    release = {"matchLabels": {"release": RELEASE}}
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
-            "metadata": {"name": PROMETHEUS, "namespace": namespace, "labels": {"release": RELEASE}},
-            "spec": {"replicas": 1, "scrapeInterval": "30s",
-                     "podMonitorSelector": release, "podMonitorNamespaceSelector": {},
-                     "serviceMonitorSelector": release, "serviceMonitorNamespaceSelector": {},
-                     "probeSelector": release, "probeNamespaceSelector": {},
-                     "ruleSelector": release, "ruleNamespaceSelector": {}}}
 
 
 def generated_config(kube_api, namespace: str, prometheus: str = PROMETHEUS) -> dict | None:
@@ -198,7 +120,7 @@ def test_the_operators_pod_monitor_is_selected_by_a_kube_prometheus_stack_promet
     for mon in (named, numbered, unlabelled):
         custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", mon)
     custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "prometheuses",
-                                           kube_prometheus_stack_prometheus(namespace))
+                                           po.kube_prometheus_stack_prometheus(namespace))
 
     def job_name(mon: dict) -> str:
         return f"podMonitor/{namespace}/{mon['metadata']['name']}/0"
@@ -271,7 +193,7 @@ def test_the_same_pod_monitor_under_another_release_is_picked_when_the_policy_na
     that release picks it, kube-prometheus-stack's default one does not."""
     custom = client.CustomObjectsApi(kube_api)
     name = unique_name("monitoring")
-    prom = kube_prometheus_stack_prometheus(namespace)
+    prom = po.kube_prometheus_stack_prometheus(namespace)
     prom["metadata"]["name"] = name
     for key in ("podMonitorSelector", "serviceMonitorSelector", "probeSelector", "ruleSelector"):
         prom["spec"][key] = {"matchLabels": {"release": name}}

@@ -156,6 +156,22 @@ def test_the_podmonitor_crd_is_looked_up_by_discovery_in_a_namespaced_install():
     assert wide.paths == ["/apis/apiextensions.k8s.io/v1/customresourcedefinitions/podmonitors.monitoring.coreos.com"]
 
 
+def test_a_podmonitor_crd_removed_since_the_cached_look_is_not_an_error():
+    """The CRD looked up less than a minute ago, removed since: the create answers 404, which
+    says "not served" (nothing created, no exception), and the cache is corrected at once."""
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/podmonitors.monitoring.coreos.com"
+    k = Recorder(answers={crd: {"kind": "CustomResourceDefinition"}})
+    assert k.has_pod_monitor_crd()
+    k.answers = {crd: None, "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors": None}  # 404s
+    mon = {"kind": "PodMonitor", "metadata": {"name": "m", "namespace": "team-a"}}
+    assert k.create_if_absent(mon) is False
+    assert k.has_pod_monitor_crd() is False and k.paths[-1] == crd
+    # one that exists already (409) while the CRD is served: not created, the cache kept
+    k = Recorder(answers={crd: {"kind": "CustomResourceDefinition"},
+                          "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors": None})
+    assert k.has_pod_monitor_crd() and k.create_if_absent(mon) is False and k.has_pod_monitor_crd()
+
+
 def test_a_snapshot_without_the_namespaces_index_still_serves_a_selector_policy():
     spec = LookaheadPolicySpec.model_validate(
         {**POLICY, "targets": {"selector": {"matchLabels": {"app": "llm"}}, "namespaceSelector": {}}})
