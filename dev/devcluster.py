@@ -293,10 +293,12 @@ class DevCluster:
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None, *, detached: bool = False,
                  start_timeout: float = 90.0, apiserver_args: Sequence[str] = (), bind_address: str = "127.0.0.1",
-                 extra_sans: Sequence[str] = ()):
+                 extra_sans: Sequence[str] = (), advertise_address: str = "127.0.0.1"):
         self.apiserver_args = list(apiserver_args)  # extra kube-apiserver flags (e.g. an audit log)
         # 127.0.0.1 unless Pods of a real node must reach the apiserver (lookahead_dev.node.DevNode.cluster_args)
         self.bind_address = bind_address
+        # the address the ``kubernetes`` Service's endpoint names (what in-cluster clients reach)
+        self.advertise_address = advertise_address
         self.extra_sans = list(extra_sans)
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="lookahead-devcluster-"))
@@ -402,7 +404,7 @@ class DevCluster:
             str(binary),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--bind-address={self.bind_address}",
-            "--advertise-address=127.0.0.1",
+            f"--advertise-address={self.advertise_address}",
             f"--secure-port={self.apiserver_port}",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -414,8 +416,10 @@ class DevCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
-            # 127.0.0.1 may not be an Endpoints address, so do not reconcile the `kubernetes` Service.
-            "--endpoint-reconciler-type=none",
+            # The `kubernetes` Service's endpoint: the advertised address, which Pods on a real node
+            # reach (the pod bridge's host address, DevNode.cluster_args); 127.0.0.1 may not be an
+            # Endpoints address, so then the Service is left without one.
+            f"--endpoint-reconciler-type={'none' if self.advertise_address == '127.0.0.1' else 'lease'}",
             "--profiling=false",
             "--v=0",
             *self.apiserver_args,
@@ -811,8 +815,8 @@ def _exports(state: dict) -> str:
         f"export LOOKAHEAD_PROMETHEUS_URL={state['prometheus_url']}\n"
         f"# apiserver: {state['server']}   prometheus: {state['prometheus_url']} (reachable from Pods)\n"
         f"# binaries (kubectl, helm): {state['bin_dir']}"
-        + (f"\n# real node {state['node']} (pod network {state['pod_subnet']}); Pods reach the apiserver with "
-           f"env KUBERNETES_SERVICE_HOST={state['pod_gateway']} KUBERNETES_SERVICE_PORT={state['apiserver_port']}"
+        + (f"\n# real node {state['node']} (pod network {state['pod_subnet']}); Pods reach the apiserver through "
+           f"the kubernetes Service (its endpoint {state['pod_gateway']}:{state['apiserver_port']})"
            f"\n# and Prometheus by its Service name, {state.get('prometheus_service_url')} (kube-proxy, CoreDNS)"
            f"\n# images and chart in the node's registry {state.get('registry')} (HTTPS; clients trust "
            f"SSL_CERT_FILE={state.get('registry_ca')}): helm install lookahead "

@@ -334,24 +334,17 @@ class DevNode:
         """``DevCluster`` keyword arguments for a cluster whose Pods, on a DevNode with pod ``subnet``,
         talk to the apiserver (an operator installed by ``helm install``): :meth:`apiserver_args`,
         the apiserver bound on every address (the pod bridge does not exist yet when it starts, and
-        kube-apiserver binds one address), and the bridge's host address in its certificate.
-        Such Pods get :meth:`in_cluster_env`: the apiserver on the bridge's host address, the one
-        name its certificate is sure to carry."""
+        kube-apiserver binds one address), the bridge's host address in its certificate and as its
+        advertised address: the ``kubernetes`` Service's endpoint, so that in-cluster clients reach
+        it as on any cluster (kube-proxy routes 10.0.0.1:443 there)."""
         gateway = str(ipaddress.ip_network(subnet).network_address + 1)
         return {"apiserver_args": DevNode.apiserver_args(cluster_state_dir), "bind_address": "0.0.0.0",
-                "extra_sans": [f"IP:{gateway}"]}
+                "extra_sans": [f"IP:{gateway}"], "advertise_address": gateway}
 
     @staticmethod
     def pick_subnet(seed: str | None = None) -> ipaddress.IPv4Network:
         """A free pod /24 (10.200.0.0/13), chosen before the cluster starts (see :meth:`cluster_args`)."""
         return _pick_subnet(seed or uuid.uuid4().hex)
-
-    def in_cluster_env(self) -> list[dict]:
-        """Container ``env`` entries that point in-cluster clients (the Python client's
-        ``load_incluster_config``, Kopf) at the apiserver through the pod bridge. A container's own
-        ``env`` wins over the variables the kubelet derives from the ``kubernetes`` Service."""
-        return [{"name": "KUBERNETES_SERVICE_HOST", "value": self.gateway},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cluster.apiserver_port)}]
 
     def ctr(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess:
         """``ctr`` against this node's containerd, namespace ``k8s.io`` (the CRI's)."""

@@ -190,7 +190,7 @@ class OperatorPod:
     def install(self, *extra: str) -> None:
         """``extra``: more `helm install` arguments (``--set replicaCount=2`` ...)."""
         t0 = time.monotonic()
-        extra_env = [*self.node.in_cluster_env(), {"name": "LOOKAHEAD_POLL_SECONDS", "value": "1"}]
+        extra_env = [{"name": "LOOKAHEAD_POLL_SECONDS", "value": "1"}]
         chart = yaml.safe_load((REPO / "charts" / "lookahead-operator" / "Chart.yaml").read_text())
         res = self._tool(
             "helm", "install", self.RELEASE, self.node.charts["lookahead-operator"], "--version", chart["version"],
@@ -201,8 +201,7 @@ class OperatorPod:
             # The session's CRD is already installed (crd_installed) for the tests that run the
             # operator on the host; Helm refuses to adopt an object it did not create.
             "--set", "crds.install=false",
-            # No kube-proxy on this node: point in-cluster clients at the apiserver through the
-            # pod bridge (DevNode.in_cluster_env); 1 s polls keep the shortened policies short.
+            # 1 s polls keep the shortened policies short (the tests' steps last seconds, not minutes)
             "--set-json", f"operator.extraEnv={json.dumps(extra_env)}",
             *extra, "--wait", "--timeout", "150s")
         if res.returncode != 0:

@@ -512,14 +512,12 @@ def a_pod_monitor_made_by_the_operator_is_scraped_by_the_prometheus_operators_pr
         operator = po.PrometheusOperator(operator_pod.cluster.kubeconfig, [mon_ns, ns], refs["prometheus-config-reloader"],
                                          tmp_path / "prometheus-operator.log").start()
         try:
-            _pod_monitor_scraped(apps, core, custom, ns, mon_ns, refs["prometheus"], prometheus, operator, served,
-                                 real_node.in_cluster_env())
+            _pod_monitor_scraped(apps, core, custom, ns, mon_ns, refs["prometheus"], prometheus, operator, served)
         finally:
             operator.stop()
 
 
-def _pod_monitor_scraped(apps, core, custom, ns, mon_ns, prometheus_image, prometheus, operator, served,
-                         in_cluster_env: list[dict]) -> None:
+def _pod_monitor_scraped(apps, core, custom, ns, mon_ns, prometheus_image, prometheus, operator, served) -> None:
     # the Prometheus' service account may discover and scrape the fleet's pods (the chart of
     # kube-prometheus-stack grants it cluster-wide; one namespace is enough here)
     rbac = client.RbacAuthorizationV1Api(apps.api_client)
@@ -535,10 +533,6 @@ def _pod_monitor_scraped(apps, core, custom, ns, mon_ns, prometheus_image, prome
                                                service_account="prometheus", scrape_interval="5s")
     # (a small request: the node is two cores shared by this module's fleets)
     body["spec"]["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
-    # its Kubernetes discovery reaches the apiserver as the operator's Pod does on this node
-    # (DevNode.in_cluster_env: the kubernetes Service's endpoint is the host's loopback here), set
-    # through the Prometheus' own container overrides, merged by the Prometheus Operator
-    body["spec"]["containers"] = [{"name": "prometheus", "env": in_cluster_env}]
     custom.create_namespaced_custom_object("monitoring.coreos.com", "v1", mon_ns, "prometheuses", body)
     name = body["metadata"]["name"]
 
