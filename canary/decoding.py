@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -77,16 +76,18 @@ class BatchDecoder(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# KV store and the cache object handed to the decoder layers
+# KV store and the model runners (torch: a transformers model; numpy: nplm.NumpyLlama)
 # --------------------------------------------------------------------------------------------
 
 
 class _KVStore:
-    """``data[layer, k|v, slot, kv_head, position, head_dim]``."""
+    """``data[layer, k|v, slot, kv_head, position, head_dim]``, a torch tensor or a numpy array
+    (``xp``: the ``zeros``/``index`` pair of either)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, slots: int = 4, capacity: int = 256):
-        self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
-        self.data = torch.zeros(layers, 2, slots, kv_heads, capacity, head_dim, dtype=dtype)
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, zeros, index, slots: int = 4, capacity: int = 256):
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self._zeros, self._index = zeros, index
+        self.data = zeros((layers, 2, slots, kv_heads, capacity, head_dim))
 
     @property
     def slots(self) -> int:
@@ -104,7 +105,7 @@ class _KVStore:
         nc = c
         while nc < capacity:
             nc *= 2
-        new = torch.zeros(self.layers, 2, ns, self.kv_heads, nc, self.head_dim, dtype=self.dtype)
+        new = self._zeros((self.layers, 2, ns, self.kv_heads, nc, self.head_dim))
         new[:, :, :s, :, :c] = self.data
         self.data = new
 
@@ -117,16 +118,18 @@ class _KVStore:
         dst = list(range(len(src_idx)))
         if src_idx == dst:
             return
-        src = torch.tensor(src_idx) + base
+        src = self._index([i + base for i in src_idx])
         d = self.data[:, :, slot]  # [layers, 2, kv_heads, capacity, head_dim], a view
         d[:, :, :, base : base + len(src_idx)] = d[:, :, :, src]
 
 
 class _StepCache:
-    """What the decoder layers see as ``cache``: ``update`` writes this step's K/V at each
+    """What the torch decoder layers see as ``cache``: ``update`` writes this step's K/V at each
     sequence's write positions and returns the cache slice the attention runs over."""
 
-    def __init__(self, store: _KVStore, row0: int, rows: int, write_pos: torch.Tensor, kv_len: int):
+    def __init__(self, store: _KVStore, row0: int, rows: int, write_pos, kv_len: int):
+        import torch
+
         self.store, self.row0, self.rows, self.kv_len = store, row0, rows, kv_len
         self.row_idx = torch.arange(row0, row0 + rows).unsqueeze(1)  # [B, 1]
         self.write_pos = write_pos  # [B, q]
@@ -140,6 +143,115 @@ class _StepCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # for code paths that ask
         return self.kv_len
+
+
+def _eos_of(cfg) -> list[int]:
+    e = getattr(cfg, "eos_token_id", None)
+    return [] if e is None else ([e] if isinstance(e, int) else list(e))
+
+
+class _TorchRunner:
+    """A transformers Llama-family model: its decoder layers called directly with our cache and
+    mask (see the module doc)."""
+
+    def __init__(self, model, num_threads: int | None):
+        import torch
+
+        self.torch = torch
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        cfg = model.config
+        self.config = cfg
+        inner = model.model
+        self._embed = inner.embed_tokens
+        self._rotary = inner.rotary_emb
+        self._layers = list(inner.layers[: cfg.num_hidden_layers])
+        self._norm = inner.norm
+        self._lm_head = model.lm_head
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self._dtype = next(model.parameters()).dtype
+        self._neg = torch.finfo(self._dtype).min
+        self.store = _KVStore(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim,
+                              lambda shape: torch.zeros(*shape, dtype=self._dtype), torch.tensor)
+
+    def _run(self, ids, pos, mask, cache, logits: bool):
+        h = self._embed(ids)
+        pe = self._rotary(h, position_ids=pos)
+        for layer in self._layers:
+            h = layer(h, attention_mask=mask, position_ids=pos, cache=cache, position_embeddings=pe)
+        if not logits:
+            return h
+        return self._lm_head(self._norm(h))
+
+    def prefill(self, slot: int, ids: list[int]) -> None:
+        torch, n = self.torch, len(ids)
+        with torch.inference_mode():
+            pos = torch.arange(n).unsqueeze(0)
+            mask = torch.full((n, n), self._neg, dtype=self._dtype).triu_(1).view(1, 1, n, n)
+            self._run(torch.tensor([ids]), pos, mask, _StepCache(self.store, slot, 1, pos, n), logits=False)
+
+    def forward(self, ids: np.ndarray, pos: np.ndarray, allow: np.ndarray, wpos: np.ndarray,
+                gather: np.ndarray | None) -> list[list[int]]:
+        """Greedy next tokens [B][q or len(gather[b])] for one step's queries (see ``step``)."""
+        torch = self.torch
+        B, q, T = allow.shape
+        with torch.inference_mode():
+            mask = torch.zeros((B, 1, q, T), dtype=self._dtype)
+            mask.masked_fill_(~torch.from_numpy(allow).unsqueeze(1), self._neg)
+            cache = _StepCache(self.store, 0, B, torch.from_numpy(wpos), T)
+            h = self._run(torch.from_numpy(ids), torch.from_numpy(pos), mask, cache, logits=False)
+            if gather is not None:
+                g = torch.from_numpy(gather)
+                h = torch.gather(h, 1, g.unsqueeze(-1).expand(B, g.shape[1], h.shape[-1]))
+            return self._lm_head(self._norm(h)).argmax(-1).tolist()
+
+
+class _NumpyRunner:
+    """``nplm.NumpyLlama``: the same steps in numpy (no torch in the process)."""
+
+    def __init__(self, model, num_threads: int | None):
+        self.model = model
+        self.config = model.config
+        self.store = _KVStore(int(model.config.num_hidden_layers), model.kv_heads, model.head_dim,
+                              lambda shape: np.zeros(shape, dtype=np.float32), np.asarray)
+
+    def _hidden(self, ids: np.ndarray, pos: np.ndarray, allow: np.ndarray, rows: np.ndarray,
+                wpos: np.ndarray) -> np.ndarray:
+        m, data, T = self.model, self.store.data, allow.shape[-1]
+        bias = np.where(allow, np.float32(0), np.float32(-np.inf))[:, None, None]  # [B, 1, 1, q, T]
+        r0, r1 = int(rows[0, 0]), int(rows[-1, 0]) + 1
+
+        def write_kv(i: int, k: np.ndarray, v: np.ndarray):
+            buf = data[i]  # [2, S, kv_heads, C, head_dim]
+            buf[0][rows, :, wpos] = k
+            buf[1][rows, :, wpos] = v
+            return buf[0, r0:r1, :, :T], buf[1, r0:r1, :, :T]
+
+        h = m.embed(ids)
+        rope = m.rotary(pos)
+        for i in range(len(m.layers)):
+            h = m.layer_forward(i, h, rope, bias, write_kv)
+        return h
+
+    def prefill(self, slot: int, ids: list[int]) -> None:
+        n = len(ids)
+        allow = np.tril(np.ones((n, n), dtype=bool))[None]
+        pos = np.arange(n)[None]
+        self._hidden(np.asarray([ids]), pos, allow, np.array([[slot]]), pos)
+
+    def forward(self, ids: np.ndarray, pos: np.ndarray, allow: np.ndarray, wpos: np.ndarray,
+                gather: np.ndarray | None) -> list[list[int]]:
+        B = ids.shape[0]
+        h = self._hidden(ids, pos, allow, np.arange(B)[:, None], wpos)
+        if gather is not None:
+            h = np.take_along_axis(h, gather[:, :, None], axis=1)
+        return self.model.logits(h).argmax(-1).tolist()
+
+
+def _runner(model, num_threads: int | None):
+    from lookahead_canary.nplm import NumpyLlama
+
+    return _NumpyRunner(model, num_threads) if isinstance(model, NumpyLlama) else _TorchRunner(model, num_threads)
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,25 +365,12 @@ class _BaseDecoder:
     speculative = False
 
     def __init__(self, model, eos_token_ids=None, max_batch_size: int = 32, num_threads: int | None = None):
-        if num_threads:
-            torch.set_num_threads(num_threads)
         self.model = model
-        cfg = model.config
-        self.config = cfg
-        inner = model.model
-        self._embed = inner.embed_tokens
-        self._rotary = inner.rotary_emb
-        self._layers = list(inner.layers[: cfg.num_hidden_layers])
-        self._norm = inner.norm
-        self._lm_head = model.lm_head
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        dtype = next(model.parameters()).dtype
-        self._dtype = dtype
-        self._neg = torch.finfo(dtype).min
-        self.store = _KVStore(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, dtype)
+        self.runner = _runner(model, num_threads)
+        self.config = self.runner.config
+        self.store = self.runner.store
         if eos_token_ids is None:
-            e = cfg.eos_token_id
-            eos_token_ids = [] if e is None else ([e] if isinstance(e, int) else list(e))
+            eos_token_ids = _eos_of(self.config)
         self.eos = frozenset(int(x) for x in eos_token_ids)
         self.max_batch_size = max_batch_size
         self._seqs: list[_Seq] = []  # index == slot
@@ -301,14 +400,8 @@ class _BaseDecoder:
         seq = _Seq(seq_id, prompt_ids, max_new_tokens)
         slot = len(self._seqs)
         self.store.ensure(slot + 1, len(prompt_ids) + 64)
-        n = seq.cache_len
-        if n > 0:
-            with torch.inference_mode():
-                ids = torch.tensor([prompt_ids[:-1]])
-                pos = torch.arange(n).unsqueeze(0)
-                mask = torch.full((n, n), self._neg, dtype=self._dtype).triu_(1).view(1, 1, n, n)
-                cache = _StepCache(self.store, slot, 1, pos, n)
-                self._run(ids, pos, mask, cache, logits=False)
+        if seq.cache_len > 0:
+            self.runner.prefill(slot, prompt_ids[:-1])
         self._init_state(seq)
         self._seqs.append(seq)
         self._by_id[seq_id] = seq
@@ -358,16 +451,7 @@ class _BaseDecoder:
         gather = np.zeros((B, qn), dtype=np.int64)
         for b, nd in enumerate(needs):
             gather[b, : len(nd)] = nd
-        with torch.inference_mode():
-            mask = torch.zeros((B, 1, q, T), dtype=self._dtype)
-            mask.masked_fill_(~torch.from_numpy(allow).unsqueeze(1), self._neg)
-            pos_t = torch.from_numpy(pos)
-            cache = _StepCache(self.store, 0, B, torch.from_numpy(wpos), T)
-            h = self._run(torch.from_numpy(ids), pos_t, mask, cache, logits=False)
-            if qn < q:
-                g = torch.from_numpy(gather)
-                h = torch.gather(h, 1, g.unsqueeze(-1).expand(B, qn, h.shape[-1]))
-            got = self._lm_head(self._norm(h)).argmax(-1).tolist()  # [B][qn]
+        got = self.runner.forward(ids, pos, allow, wpos, gather if qn < q else None)  # [B][qn]
         best = []
         for b, nd in enumerate(needs):
             if qn < q:
@@ -412,16 +496,6 @@ class _BaseDecoder:
         for sid in finished:
             self.remove(sid)
         return out
-
-    # ---------------------------------------------------------------- model
-    def _run(self, ids, pos, mask, cache, logits: bool):
-        h = self._embed(ids)
-        pe = self._rotary(h, position_ids=pos)
-        for layer in self._layers:
-            h = layer(h, attention_mask=mask, position_ids=pos, cache=cache, position_embeddings=pe)
-        if not logits:
-            return h
-        return self._lm_head(self._norm(h))
 
     # ---------------------------------------------------------------- per-method hooks
     def _init_state(self, seq: _Seq) -> None:
