@@ -93,7 +93,35 @@ def crds_installed(api_client, lock_timeout: float = 600.0) -> Iterator[list[str
         ext = client.ApiextensionsV1Api(api_client)
         docs = [d for f in files for d in crd_docs(f)]
         created: list[str] = []
+        names = [d["metadata"]["name"] for d in docs]
+
+        def gone(which: list[str]) -> bool:
+            for name in which:
+                try:
+                    ext.read_custom_resource_definition(name)
+                    return False
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            return True
+
+        def terminating() -> list[str]:
+            out = []
+            for name in names:
+                try:
+                    if ext.read_custom_resource_definition(name).metadata.deletion_timestamp:
+                        out.append(name)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            return out
+
         try:
+            # one still being deleted (by a holder killed before its own wait below) refuses every
+            # object of its kind until it is gone: wait, then create afresh
+            ending = terminating()
+            if ending:
+                wait_for(lambda: gone(ending), 120, f"CRDs {ending} deleted", interval=0.5)
             for crd in docs:
                 try:
                     ext.create_custom_resource_definition(crd)
@@ -101,7 +129,6 @@ def crds_installed(api_client, lock_timeout: float = 600.0) -> Iterator[list[str
                 except ApiException as exc:
                     if exc.status != 409:
                         raise
-            names = [d["metadata"]["name"] for d in docs]
 
             def established() -> bool:
                 for name in names:
@@ -113,13 +140,31 @@ def crds_installed(api_client, lock_timeout: float = 600.0) -> Iterator[list[str
             wait_for(established, 60, "the Prometheus Operator's CRDs Established", interval=0.5)
             yield names
         finally:
-            for name in created:
+            try:
+                for name in created:
+                    try:
+                        ext.delete_custom_resource_definition(name)
+                    except ApiException as exc:
+                        if exc.status != 404:
+                            raise
+                # gone before the next holder looks: a terminating CRD still reads Established but
+                # refuses to create objects of its kind ("create not allowed while custom resource
+                # definition is terminating")
                 try:
-                    ext.delete_custom_resource_definition(name)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-            fcntl.flock(lock, fcntl.LOCK_UN)
+                    wait_for(lambda: gone(created), 120, "the Prometheus Operator's CRDs deleted", interval=0.5)
+                except TimeoutError as exc:  # say what holds them (the apiserver's condition)
+                    stuck = []
+                    for name in created:
+                        try:
+                            crd = ext.read_custom_resource_definition(name)
+                        except ApiException:
+                            continue
+                        conds = [f"{c.type}={c.status} {c.reason}: {c.message}" for c in crd.status.conditions or []
+                                 if c.type in ("Terminating", "NamesAccepted") or c.status != "True"]
+                        stuck.append(f"{name}: {conds}")
+                    raise TimeoutError(f"{exc}; still there: {stuck}") from None
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def image_references() -> dict[str, str]:

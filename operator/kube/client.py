@@ -240,7 +240,15 @@ class Kube:
             path = f"/apis/monitoring.coreos.com/v1/namespaces/{ns}/podmonitors"
             # the CRD removed since ``has_pod_monitor_crd`` looked (a minute's cache): not served
             # any more, so nothing to create; the next look asks the apiserver again
-            answer = self.request("POST", path, body=body, ignore=(404, 409))
+            try:
+                answer = self.request("POST", path, body=body, ignore=(404, 409))
+            except ApiException as exc:
+                # a CRD being deleted refuses every create with 403 "... while custom resource
+                # definition is terminating": as good as not served (its objects are going too)
+                if exc.status == 403 and "terminating" in str(exc.body or ""):
+                    self._crd_checked = (time.monotonic(), False)
+                    return False
+                raise
             if answer is None and self._crd_checked and not self._pod_monitors_served_now():
                 self._crd_checked = (time.monotonic(), False)
                 return False

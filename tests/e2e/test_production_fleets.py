@@ -514,6 +514,15 @@ def a_pod_monitor_made_by_the_operator_is_scraped_by_the_prometheus_operators_pr
         try:
             _pod_monitor_scraped(apps, core, custom, ns, mon_ns, refs["prometheus"], prometheus, operator, served)
         finally:
+            # the Prometheus CR goes while its operator still runs (it may hold a finalizer of the
+            # Prometheus Operator's), so that the CRDs can go after it
+            for p in custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", mon_ns,
+                                                          "prometheuses")["items"]:
+                custom.delete_namespaced_custom_object("monitoring.coreos.com", "v1", mon_ns, "prometheuses",
+                                                       p["metadata"]["name"])
+            wait_for(lambda: not custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", mon_ns,
+                                                                      "prometheuses")["items"],
+                     timeout=60, interval=0.5, what="the Prometheus CR deleted")
             operator.stop()
 
 

@@ -172,6 +172,37 @@ def test_a_podmonitor_crd_removed_since_the_cached_look_is_not_an_error():
     assert k.has_pod_monitor_crd() and k.create_if_absent(mon) is False and k.has_pod_monitor_crd()
 
 
+def test_a_podmonitor_crd_being_deleted_is_not_an_error_but_rbac_is():
+    """A CRD being deleted refuses creates with 403 "... while custom resource definition is
+    terminating": not served (nothing created, the cache corrected); any other 403 (RBAC) is an
+    error, as before."""
+    from kubernetes.client.rest import ApiException
+
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/podmonitors.monitoring.coreos.com"
+    mons = "/apis/monitoring.coreos.com/v1/namespaces/team-a/podmonitors"
+    mon = {"kind": "PodMonitor", "metadata": {"name": "m", "namespace": "team-a"}}
+
+    class Refusing(Recorder):
+        body = ""
+
+        def request(self, method, path, **kw):
+            if method == "POST" and path == mons:
+                exc = ApiException(status=403, reason="Forbidden")
+                exc.body = self.body
+                raise exc
+            return super().request(method, path, **kw)
+
+    k = Refusing(answers={crd: {"kind": "CustomResourceDefinition"}})
+    assert k.has_pod_monitor_crd()
+    k.body = ('{"kind":"Status","message":"podmonitors.monitoring.coreos.com \\"m\\" is forbidden: create not '
+              'allowed while custom resource definition is terminating","reason":"Forbidden","code":403}')
+    assert k.create_if_absent(mon) is False and k.has_pod_monitor_crd() is False
+    k = Refusing(answers={crd: {"kind": "CustomResourceDefinition"}})
+    k.body = '{"kind":"Status","message":"podmonitors.monitoring.coreos.com is forbidden: User \\"x\\" cannot create","code":403}'
+    with pytest.raises(ApiException):
+        k.create_if_absent(mon)
+
+
 def test_a_snapshot_without_the_namespaces_index_still_serves_a_selector_policy():
     spec = LookaheadPolicySpec.model_validate(
         {**POLICY, "targets": {"selector": {"matchLabels": {"app": "llm"}}, "namespaceSelector": {}}})
