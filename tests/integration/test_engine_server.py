@@ -45,12 +45,11 @@ PROMPTS = [
 class Engine:
     """One engine server process."""
 
-    def __init__(self, *flags: str):
+    def __init__(self, *flags: str, launcher: tuple[str, ...] = ("-m", "lookahead_canary.server")):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="engine-", suffix=".log", delete=False)
-        self.argv = [sys.executable, "-m", "lookahead_canary.server", "--host", "127.0.0.1",
-                     "--port", str(self.port), *flags]
+        self.argv = [sys.executable, *launcher, "--host", "127.0.0.1", "--port", str(self.port), *flags]
         self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=self.log,
                                      stderr=subprocess.STDOUT, env={**os.environ,
                                                                     "PYTHONUNBUFFERED": "1"})
@@ -502,3 +501,31 @@ def test_version_answers_like_vllm_and_the_operator_reads_it_from_the_pod():
     finally:
         own.stop()
         old.stop()
+
+
+NO_TORCH = ("import runpy, sys\n"
+            "sys.modules['torch'] = sys.modules['transformers'] = None   # unimportable, as in the engine image\n"
+            "sys.argv[0] = 'lookahead_canary.server'\n"
+            "runpy.run_module('lookahead_canary.server', run_name='__main__', alter_sys=True)\n")
+
+
+def test_the_engine_image_runtime_serves_smollm2_without_torch_as_torch_does():
+    """``--runtime numpy`` (what the engine image runs: no torch, no transformers) answers the
+    same chat request with the same greedy text, token counts and lookahead result as the torch
+    runtime on the same converted SmolLM2 weights."""
+    # the same server, started through a shim that makes torch and transformers unimportable
+    numpy_engine = Engine("--model", "smollm2", "--runtime", "numpy", "--max-num-seqs", "4",
+                          "--speculative-config", JACOBI, launcher=("-c", NO_TORCH))
+    torch_engine = Engine("--model", "smollm2", "--runtime", "torch", "--max-num-seqs", "4")
+    try:
+        numpy_engine.wait_ready(180)
+        torch_engine.wait_ready(180)
+        messages = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+        got = numpy_engine.complete("/v1/chat/completions", messages=messages, max_tokens=32)
+        want = torch_engine.complete("/v1/chat/completions", messages=messages, max_tokens=32)
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        assert got["usage"] == want["usage"] and want["usage"]["completion_tokens"] > 0
+        assert "Traceback" not in numpy_engine.output()
+    finally:
+        numpy_engine.stop()
+        torch_engine.stop()
