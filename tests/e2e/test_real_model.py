@@ -3,11 +3,11 @@ engines running real torch decoding on CPU, as Pods on the real node, measured t
 Prometheus. Whatever the verdict on this hardware, it must come from real numbers, and
 analysisOnly never touches the fleet.
 
-torch reaches the Pods by a read-only ``hostPath`` mount of this machine's own site-packages (and
-the model by one of the project's model cache), not through the image: the engine image stays
-torch-free (74 MB, pulled in seconds) for every other test, the node is this machine, so the
-bytes are already here, and a 2+ GB image layer would cost more to pack and push than this whole
-test. A production engine image would carry torch itself."""
+This one runs the torch runtime (the engine image's own numpy runtime serving the same weights is
+tests/e2e/test_shipped_example.py's): torch reaches the Pods by a read-only ``hostPath`` mount of
+this machine's own site-packages (and the model by one of the project's model cache), not through
+the image, which is torch-free; the node is this machine, so the bytes are already here, and a 2+
+GB image layer would cost more to pack and push than this whole test."""
 
 from __future__ import annotations
 
