@@ -43,9 +43,12 @@ def crd_installed(kube_api):
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: str, log_dir: Path):
+    def __init__(self, kubeconfig: str, log_dir: Path, namespace: str | None = None):
+        """``namespace``: watch that one only, as a namespaced install does (``--namespace`` and
+        ``LOOKAHEAD_WATCH_NAMESPACE``); None: every namespace."""
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
+        self.namespace = namespace
         self.proc: subprocess.Popen | None = None
         self.metrics_port = free_port()
         self.starts = 0
@@ -59,11 +62,14 @@ class OperatorProcess:
                "LOOKAHEAD_METRICS_PORT": str(self.metrics_port), "LOOKAHEAD_METRICS_ADDR": "127.0.0.1",
                "PYTHONUNBUFFERED": "1",
                # as a cluster admin would list it: test_faults' two-namespace policy (fault-rollout-a
-               # reaching fault-rollout-b); every other policy targets its own namespace
-               "LOOKAHEAD_CROSS_NAMESPACE_TARGETS": json.dumps({"fault-rollout-a": ["fault-rollout-b"]}),
+               # reaching fault-rollout-b); every other policy targets its own namespace. (A
+               # namespaced operator reaches no other namespace: the two settings exclude each other.)
+               **({"LOOKAHEAD_WATCH_NAMESPACE": self.namespace} if self.namespace else
+                  {"LOOKAHEAD_CROSS_NAMESPACE_TARGETS": json.dumps({"fault-rollout-a": ["fault-rollout-b"]})}),
                **(extra_env or {})}
         entry = [str(Path(__file__).with_name("chaos_operator.py"))] if chaos else ["-m", "kopf"]
-        self.proc = process.start([sys.executable, *entry, "run", "--standalone", "--all-namespaces", "-m",
+        scope = [f"--namespace={self.namespace}"] if self.namespace else ["--all-namespaces"]
+        self.proc = process.start([sys.executable, *entry, "run", "--standalone", *scope, "-m",
                                    "lookahead_operator.runtime.handlers"], self.log_dir / f"operator-{self.starts}.log",
                                   env=env, cwd=REPO)
 

@@ -1,6 +1,10 @@
 """The operator is SIGKILLed as soon as the rollout enters each phase, and restarted at once.
 The rollout must still end as an uninterrupted one does, with no duplicate or orphaned objects
-and the exact original templates saved."""
+and the exact original templates saved.
+
+The two rollouts run at the same time (tests/e2e/together.py), each with an operator of its own
+that watches its namespace only (a namespaced install's ``--namespace``), so that one scenario's
+kills never interrupt the other's operator."""
 
 from __future__ import annotations
 
@@ -14,10 +18,33 @@ from lookahead_operator.controller import builders as b
 from lookahead_operator.api.status import TERMINAL_PHASES as TERMINAL
 from lookahead_dev.devcluster import wait_for
 
+from . import together
+from .conftest import OperatorProcess
 from .helpers import (FLEET, GOOD_GPU, apply_policy, assert_no_failed_requests, deploy_fleet, get_policy,
                       no_leftovers, policy, production_traffic, sanitized, saved_templates, start_two_wave_rollout)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+scenarios = together.Scenarios()
+NAMESPACES = {"killed_in_every_phase_still_completes": "e2e-restart",
+              "seeded_random_kills_and_a_kill_between_two_patches_of_one_wave": "e2e-chaos"}
+
+
+@pytest.fixture(scope="module")
+def operators(devcluster, crd_installed, real_node, prometheus, tmp_path_factory):
+    """One operator per scenario's namespace, started before and stopped after both."""
+    ops = {ns: OperatorProcess(devcluster.kubeconfig, tmp_path_factory.mktemp(f"operator-{ns}"), namespace=ns)
+           for ns in NAMESPACES.values()}
+    for op in ops.values():
+        op.start()
+    yield ops
+    for op in ops.values():
+        op.stop()
+
+
+@pytest.fixture(scope="module")
+def running(request, kube_api, operators, prometheus, tmp_path_factory):
+    yield from scenarios.run(request, kube_api, tmp_path_factory, operators=operators, prometheus=prometheus)
 
 
 def _look(apps, custom, batch, ns) -> tuple[dict, int, int]:
@@ -34,12 +61,14 @@ def _look(apps, custom, batch, ns) -> tuple[dict, int, int]:
     return st, len(roles), max(per_key.values(), default=0)
 
 
-def test_killed_in_every_phase_still_completes(apis, operator_process, prometheus, reliability):
+@scenarios.add
+def killed_in_every_phase_still_completes(apis, operators, prometheus, reliability):
     reliability.expect("Operator SIGKILLed at the entry of every phase it reaches, restarted at once",
                        "the rollout completes as uninterrupted (PromoteRegimeAware, Succeeded); originals saved "
                        "exactly; no duplicate or orphaned object; no invariant violation")
     apps, core, custom, batch = apis
-    ns = "e2e-restart"
+    ns = NAMESPACES["killed_in_every_phase_still_completes"]
+    operator_process = operators[ns]
     originals = start_two_wave_rollout(apps, core, custom, ns, prometheus.url)
     killed_in: list[str] = []
     max_roles = max_jobs_per_step_role = 0
@@ -72,11 +101,16 @@ def test_killed_in_every_phase_still_completes(apis, operator_process, prometheu
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="no orphaned canary/control/Jobs")
 
 
+def test_killed_in_every_phase_still_completes(running, request, reliability):
+    running.result(request)
+
+
 SEED = int(os.environ.get("LOOKAHEAD_CHAOS_SEED", "20261201"))
 
 
-def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, operator_process, prometheus,
-                                                                          tmp_path, reliability):
+@scenarios.add
+def seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, operators, prometheus, tmp_path,
+                                                                     reliability):
     """Issue 12: the operator is SIGKILLed at seeded random instants all through one rollout (each
     time 0.5-4 s after it is up again), and once exactly between the first and the second target
     patch of a two-Deployment wave (tests/e2e/chaos_operator.py's fault point). The rollout must end
@@ -91,7 +125,8 @@ def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, op
         "finished after the restart; originals saved exactly; no duplicate or orphaned object; no invariant "
         "violation; no production request failed", seed=SEED)
     apps, core, custom, batch = apis
-    ns = "e2e-chaos"
+    ns = NAMESPACES["seeded_random_kills_and_a_kill_between_two_patches_of_one_wave"]
+    operator_process = operators[ns]
     url = deploy_fleet(apps, core, ns, {"chat-a": GOOD_GPU, "chat-b": GOOD_GPU}, serving=True)
     originals = saved_templates(apps, ns, FLEET)
     # the fleet serves its users through the whole rollout and every kill: none of their requests may fail
@@ -128,7 +163,7 @@ def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, op
                 kills.append(f"{phase} (mid-wave, between patches)")
             operator_process.kill()
         operator_process.kill()
-        operator_process.start()           # the module's operator, for the next tests and the clean-up
+        operator_process.start()           # its plain self again, for the clean-up of its namespace
     served = traffic.record.summary(since=t0)
     by_phase = {p: sum(1 for k in kills if k.split(" ")[0] == p) for p in dict.fromkeys(k.split(" ")[0] for k in kills)}
     reliability.observed(f"{phase} after {len(kills)} kills ({', '.join(f'{p} {n}' for p, n in by_phase.items())}); "
@@ -147,3 +182,7 @@ def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(apis, op
         assert b.original_template(d) == originals[name], "the saved original is the first one, exactly"
         assert "--lookahead-max-batch-size" in d["spec"]["template"]["spec"]["containers"][0]["args"]
     wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), timeout=60, what="no orphaned canary/control/Jobs")
+
+
+def test_seeded_random_kills_and_a_kill_between_two_patches_of_one_wave(running, request, reliability):
+    running.result(request)
