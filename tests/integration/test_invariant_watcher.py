@@ -68,9 +68,10 @@ def test_watcher_reports_a_target_template_changed_under_a_policy(kube_api):
     try:
         watcher.start()
         assert watcher.wait_synced(10), f"watcher did not list everything: {watcher.events()}"
-        apps.create_namespaced_deployment(ns, fleet_deployment(ns))
+        fleet = fleet_deployment(ns)
+        apps.create_namespaced_deployment(ns, fleet)
         original = wait_for(lambda: watcher.original(ns, "chat-reference"), 10, "the watcher to record the target")
-        assert original["spec"]["containers"][0]["image"] == "ghcr.io/lookahead-rollout/lookahead-rollout:0.1.0"
+        assert original["spec"]["containers"][0]["image"] == fleet["spec"]["template"]["spec"]["containers"][0]["image"]
         custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, policy(ns))
         wait_for(lambda: watcher.seen("policies", ns, "chat-fleet"), 10, "the watcher to see the policy")
         assert watcher.phase_history(ns, "chat-fleet")[-1][1] == "Pending"
