@@ -8,7 +8,10 @@ the compressed layer of a directory whose entries (paths, sizes, mtimes, modes) 
 is reused instead of compressed again. Layers are
 reproducible: entries sorted, owners and modes as on disk, mtimes clamped to
 ``$SOURCE_DATE_EPOCH`` (default 0), gzip without a timestamp; so an unchanged base directory gives
-the same layer digest in every image, and containerd stores it once.
+the same layer digest in every image, and containerd stores it once. gzip level 1
+(``GZIP_LEVEL``): on the engine's model layer (517 MB of float32 weights) level 6 took five times
+as long for a 5% smaller blob (23.5 s against 4.5 s a 128 MB slice, 0.635 against 0.670 of it), and
+a fresh machine packs every layer once.
 
     python3 images/ocipack.py --rootfs BASE --rootfs APP --name ghcr.io/x/y:1.0 \\
         --entrypoint '["python3", "-m", "x"]' --user 65532:65532 --env PATH=/usr/bin \\
@@ -56,6 +59,9 @@ def _entries(root: Path):
     return sorted(out, key=lambda p: p.parts)
 
 
+GZIP_LEVEL = 1
+
+
 def write_layer(root: Path, out: io.BufferedWriter, mtime: int) -> tuple[str, str, int]:
     """Tar + gzip ``root`` into ``out``; returns (compressed digest, diff_id, compressed size)."""
     compressed = hashlib.sha256()
@@ -86,7 +92,7 @@ def write_layer(root: Path, out: io.BufferedWriter, mtime: int) -> tuple[str, st
             return len(b)
 
     sink = _Hashing()
-    with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=6, mtime=0) as gz:
+    with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
         tee = _Tee(gz)
         with tarfile.open(fileobj=tee, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             seen: dict[tuple[int, int], str] = {}
@@ -127,7 +133,7 @@ def fingerprint(root: Path) -> str:
 def _layer(root: Path, blobs: Path, mtime: int, cache: Path | None) -> tuple[str, str, int]:
     """Write ``root``'s layer blob into ``blobs``; reuse it from ``cache`` when the directory's
     fingerprint is there (and record it there when not)."""
-    key = f"{fingerprint(root)}-{mtime}" if cache else ""
+    key = f"{fingerprint(root)}-{mtime}-z{GZIP_LEVEL}" if cache else ""
     if cache:
         meta = cache / f"{key}.json"
         if meta.is_file():

@@ -399,9 +399,21 @@ def a_fleet_whose_model_loads_longer_than_the_default_deadline_is_waited_for(
              180, "the slow fleet's pod ready", interval=1.0)
     before = sanitized(apps, ns, "chat-slow")
     apply_policy(custom, policy("chat", ns, "chat", prometheus.url, [1], "regimeAware", ["100%"]))
-    launching = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Launching"
-                         and s, 60, "Launching", interval=0.5)
+    wait_for(lambda: (get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Launching",
+             60, "Launching", interval=0.5)
     t0 = time.monotonic()
+
+    def saying_why():
+        """Launching's status once its RolesReady condition names the clock it waits on (the pass
+        that enters Launching may write the phase before that condition's message), or whatever
+        came after Launching if it never did."""
+        s = get_policy(custom, ns, "chat").get("status") or {}
+        said = "the fleet's" in ((_condition(s, "RolesReady") or {}).get("message") or "")
+        return s if said or s.get("phase") != "Launching" else None
+
+    launching = wait_for(saying_why, 50, "RolesReady naming the fleet's deadline while Launching", interval=0.5)
+    assert launching.get("phase") == "Launching", ("left Launching before saying what it waits for",
+                                                   launching.get("phase"), _condition(launching, "RolesReady"))
     st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase")
                   not in ("Pending", "Preflight", "Launching") and s, 240, "the end of Launching", interval=0.5)
     took = time.monotonic() - t0
