@@ -32,6 +32,9 @@ ANNOTATION_OWNER = f"{GROUP}/owned-by"
 ANNOTATION_ORIGINAL_TEMPLATE = f"{GROUP}/original-template"
 ANNOTATION_PROMOTED = f"{GROUP}/promoted"
 ANNOTATION_SOURCE = f"{GROUP}/source"             # on a canary/control: the target it was cloned from
+# --- on a user's HTTPRoute in live mode (split gatewayAPI): the split rule's backendRefs before we
+# re-weighted it, written back verbatim on every exit
+ANNOTATION_ORIGINAL_BACKEND_REFS = f"{GROUP}/original-backend-refs"
 
 # --- labels on everything the operator creates
 LABEL_POLICY = f"{GROUP}/policy"

@@ -37,6 +37,7 @@ from lookahead_operator.api.schema import (
     MAX_WAVES,
     PERCENT_PATTERN,
     RESOURCE_NAME_PATTERN,
+    TAIL_PERCENT_PATTERN,
     ApiModel,
     Duration,
     LabelValue,
@@ -493,12 +494,170 @@ class LocalObjectName(ApiModel):
 LOAD_POD_FIELDS = ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets")
 
 
+# --------------------------------------------------------------------------------------------
+# spec: load, live mode's split
+
+
+class LoadSplit(StrEnum):
+    """How live mode gives canary and control their share of the fleet's traffic."""
+
+    service = "service"
+    gateway_api = "gatewayAPI"
+
+
+class BackendKind(StrEnum):
+    """What a Gateway API backendRef of the fleet (and of an arm) is: a core Service, or an
+    Inference Extension ``InferencePool`` (group ``inference.networking.k8s.io``, v1)."""
+
+    Service = "Service"
+    InferencePool = "InferencePool"
+
+
+#: The API group of each backend kind, as an HTTPRoute's backendRef spells it ("" is the core group).
+BACKEND_GROUPS: dict[BackendKind, str] = {BackendKind.Service: "", BackendKind.InferencePool: "inference.networking.k8s.io"}
+#: Gateway API's SectionName (an HTTPRoute rule's ``name``).
+SECTION_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: An HTTPRoute holds at most this many rules (Gateway API's MaxItems).
+MAX_ROUTE_RULES = 16
+
+
+class HTTPRouteRef(ApiModel):
+    """The user's HTTPRoute (``gateway.networking.k8s.io/v1``) whose rule the operator re-weights."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The HTTPRoute's name.")
+    namespace: Optional[str] = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN,
+                                     description="Its namespace; default: the policy's.")
+
+
+class FleetBackendRef(ApiModel):
+    """The fleet's backendRef in the route's rule, as the rule names it (matched on kind, name,
+    namespace and, when given, port; the group follows from the kind)."""
+
+    kind: BackendKind = Field(default=BackendKind.Service,
+                              description="Service (core group) or InferencePool (inference.networking.k8s.io/v1).")
+    name: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description="The backend's name.")
+    namespace: Optional[str] = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN,
+                                     description="The backend's namespace as the rule names it; default: the route's.")
+    port: Optional[int] = Field(default=None, ge=1, le=65535,
+                                description="The backendRef's port, when the rule names one (a Service's).")
+
+
+class EndpointPickerFailureMode(StrEnum):
+    FailClose = "FailClose"
+    FailOpen = "FailOpen"
+
+
+class EndpointPickerRef(ApiModel):
+    """An Endpoint Picker's Service, as an InferencePool v1's ``endpointPickerRef`` names it (kind
+    Service in the pool's namespace)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN,
+                      description="The Endpoint Picker's Service.")
+    port: int = Field(default=9002, ge=1, le=65535, description="Its Service port (the Endpoint Picker's gRPC port).")
+    failure_mode: EndpointPickerFailureMode = Field(
+        default=EndpointPickerFailureMode.FailClose,
+        description="FailClose (the gateway drops a request the picker cannot answer) or FailOpen.")
+
+
+ENDPOINT_PICKERS_DISTINCT = ("endpointPickers.canary and endpointPickers.control must name different Endpoint "
+                             "Pickers (an Endpoint Picker serves one InferencePool)")
+
+
+class ArmEndpointPickers(ApiModel):
+    """One Endpoint Picker per arm's InferencePool: never one load-aware pool for both arms (its
+    queue, KV-cache and prefix scores would route by the treatment itself)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("self.canary.name != self.control.name", ENDPOINT_PICKERS_DISTINCT, ".control.name"),
+    ]})
+
+    canary: EndpointPickerRef = Field(description="The canary's pool's Endpoint Picker (deployed with pool name "
+                                                  "lap-<policy>-canary).")
+    control: EndpointPickerRef = Field(description="The control's pool's Endpoint Picker (pool name lap-<policy>-control).")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "ArmEndpointPickers":
+        if self.canary.name == self.control.name:
+            raise ValueError(ENDPOINT_PICKERS_DISTINCT)
+        return self
+
+
+RULE_ONE_SELECTOR = "gatewayAPI: set at most one of ruleName and ruleIndex"
+PICKERS_REQUIRED = ("gatewayAPI.endpointPickers is required for InferencePool arms (armBackend InferencePool, or "
+                    "armBackend left out with an InferencePool backendRef): each arm's pool needs its own Endpoint Picker")
+PICKERS_UNUSED = "gatewayAPI.endpointPickers is only used with InferencePool arms"
+# CEL: the arms are InferencePools (armBackend, or else the fleet's backendRef's kind)
+_ARMS_ARE_POOLS_CEL = ("(has(self.armBackend) ? self.armBackend == 'InferencePool'"
+                       " : (has(self.backendRef.kind) && self.backendRef.kind == 'InferencePool'))")
+
+
+class GatewayAPISplit(ApiModel):
+    """``split: gatewayAPI``: the operator owns one backend per arm (a Service, or an InferencePool
+    with its own Endpoint Picker) and re-weights one rule of your HTTPRoute so that the canary's and
+    the control's backendRefs each get ``livePercent`` of what the rule sent the fleet's backendRef,
+    the fleet's weight reduced by as much (the rule's other backendRefs keep their share). The
+    rule's ``backendRefs`` as they were are saved (on the route, annotation
+    ``lookahead.dev/original-backend-refs``) and written back verbatim on every exit."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!(has(self.ruleName) && has(self.ruleIndex))", RULE_ONE_SELECTOR, ".ruleIndex"),
+        _cel(f"!{_ARMS_ARE_POOLS_CEL} || has(self.endpointPickers)", PICKERS_REQUIRED, ".endpointPickers"),
+        _cel(f"{_ARMS_ARE_POOLS_CEL} || !has(self.endpointPickers)", PICKERS_UNUSED, ".endpointPickers"),
+    ]})
+
+    http_route_ref: HTTPRouteRef = Field(description="The HTTPRoute whose rule is split.")
+    rule_name: Optional[str] = Field(
+        default=None, min_length=1, max_length=253, pattern=SECTION_NAME_PATTERN,
+        description="The rule, by its name. Neither ruleName nor ruleIndex: the one rule holding backendRef.")
+    rule_index: Optional[int] = Field(default=None, ge=0, le=MAX_ROUTE_RULES - 1,
+                                      description="The rule, by its position in spec.rules (from 0).")
+    backend_ref: FleetBackendRef = Field(description="The fleet's backendRef in that rule: the traffic the arms "
+                                                     "take their share of.")
+    arm_backend: Optional[BackendKind] = Field(
+        default=None, description="What the operator creates per arm: Service or InferencePool; default: the kind "
+                                  "of backendRef.")
+    endpoint_pickers: Optional[ArmEndpointPickers] = Field(
+        default=None, description="InferencePool arms: each arm's Endpoint Picker (you deploy them).")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "GatewayAPISplit":
+        if self.rule_name is not None and self.rule_index is not None:
+            raise ValueError(RULE_ONE_SELECTOR)
+        pools = self.arm_kind == BackendKind.InferencePool
+        if pools and self.endpoint_pickers is None:
+            raise ValueError(PICKERS_REQUIRED)
+        if not pools and self.endpoint_pickers is not None:
+            raise ValueError(PICKERS_UNUSED)
+        return self
+
+    @property
+    def arm_kind(self) -> BackendKind:
+        """What each arm's backend is: ``armBackend``, or else the fleet's backendRef's kind."""
+        return self.arm_backend if self.arm_backend is not None else self.backend_ref.kind
+
+
+#: load.livePercent's bounds: each arm's share above 0, both arms' together below 100%.
+LIVE_PERCENT_MAX = 50.0
+LIVE_PERCENT_RANGE = ("livePercent must be above 0% and below 50%: canary and control each take livePercent, and "
+                      "together they must leave the fleet a share")
+GATEWAY_REQUIRED = "gatewayAPI is required when split is gatewayAPI"
+GATEWAY_UNUSED = "gatewayAPI is only used with mode live and split gatewayAPI"
+
+
+def _pct_cel(field: str) -> str:
+    """CEL: the int-or-string percent ``field`` as a double (call it once the pattern matched)."""
+    return f"double(string({field}).replace('%', ''))"
+
+
 class LoadSpec(ApiModel):
     """How canary and control are driven.
 
     ``sweep``: the operator's load generator runs closed-loop at each batch size (concurrency)
-    for ``stepDuration``. ``live``: canary and control join the fleet's Service and take a share
-    of real traffic (``livePercent``, required in this mode).
+    for ``stepDuration``. ``live`` (refused at run time in this version: the API is in place, the
+    wiring is not): canary and control each take ``livePercent`` of the fleet's real traffic
+    (required in this mode), split by ``split``: ``service`` (the arm pods join the fleet's Service;
+    the share follows from replica counts) or ``gatewayAPI`` (the weights of a rule of your
+    HTTPRoute, ``gatewayAPI``). docs/operator.md, "Live mode (planned)".
 
     ``batchSizes`` omitted (or empty) means *auto*: from the fleet's own running-request
     quantiles, plus 1. (A CRD field cannot be "the string auto or a list" and stay structural
@@ -509,6 +668,13 @@ class LoadSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         _cel("self.mode != 'live' || has(self.livePercent)", "livePercent is required when mode is live",
              ".livePercent"),
+        _cel(f"!has(self.livePercent) || !string(self.livePercent).matches(r'{PERCENT_PATTERN}')"
+             f" || ({_pct_cel('self.livePercent')} > 0.0 && {_pct_cel('self.livePercent')} < {LIVE_PERCENT_MAX})",
+             LIVE_PERCENT_RANGE, ".livePercent"),
+        _cel("!has(self.split) || self.split != 'gatewayAPI' || has(self.gatewayAPI)", GATEWAY_REQUIRED,
+             ".gatewayAPI"),
+        _cel("!has(self.gatewayAPI) || (self.mode == 'live' && has(self.split) && self.split == 'gatewayAPI')",
+             GATEWAY_UNUSED, ".gatewayAPI"),
         _cel(f"!{_dur_ok('self.warmup')} || !{_dur_ok('self.stepDuration')} || duration(self.warmup) < duration(self.stepDuration)",
              "warmup must be shorter than stepDuration", ".warmup"),
     ]})
@@ -537,7 +703,17 @@ class LoadSpec(ApiModel):
                     "before a step can give a verdict. Must fit: (stepDuration - warmup) / sampleInterval >= "
                     "minSamplesPerStep.")
     live_percent: Optional[Percent] = Field(
-        default=None, description="live: share of the Service's traffic the canary and the control each take.")
+        default=None, description="live: the share of the fleet's traffic the canary and the control each take, above "
+                                  "0% and below 50%. split service: the nearest share replica counts give at or "
+                                  "below it (arm replicas / all serving replicas); split gatewayAPI: exact weights.")
+    split: LoadSplit = Field(
+        default=LoadSplit.service,
+        description="live: service (canary and control pods join the fleet's Service; their share is their part of "
+                    "its ready endpoints, so only replica ratios are offered) or gatewayAPI (the weights of one rule "
+                    "of your HTTPRoute: gatewayAPI).")
+    gateway_api: Optional[GatewayAPISplit] = Field(
+        default=None, alias="gatewayAPI",
+        description="split gatewayAPI: the HTTPRoute, its rule and the fleet's backendRef the arms take their share of.")
     loadgen_image: Optional[str] = Field(
         default=None, min_length=1, max_length=MAX_IMAGE,
         description="Image of the load generator; default (left out): the operator's own.",
@@ -614,6 +790,12 @@ class LoadSpec(ApiModel):
     def _cross_field(self) -> "LoadSpec":
         if self.mode == "live" and self.live_percent is None:
             raise ValueError("livePercent is required when mode is live")
+        if self.live_percent is not None and not 0.0 < self.live_percent < LIVE_PERCENT_MAX / 100:
+            raise ValueError(LIVE_PERCENT_RANGE)
+        if self.split == LoadSplit.gateway_api and self.gateway_api is None:
+            raise ValueError(GATEWAY_REQUIRED)
+        if self.gateway_api is not None and (self.mode != LoadMode.live or self.split != LoadSplit.gateway_api):
+            raise ValueError(GATEWAY_UNUSED)
         if self.warmup >= self.step_duration:
             raise ValueError(f"warmup ({_duration_out(self.warmup)}) must be shorter than stepDuration "
                              f"({_duration_out(self.step_duration)})")
@@ -796,6 +978,97 @@ class PrometheusSpec(ApiModel):
         return self
 
 
+#: analysis.abort's cadence bounds: the abort has to come within a minute of the first error.
+ABORT_CHECK_MIN = timedelta(seconds=1)
+ABORT_CHECK_MAX = timedelta(minutes=1)
+ABORT_WINDOW_MAX = timedelta(minutes=10)
+ABORT_CHECK_RANGE = "checkInterval must be between 1s and 1m (the abort has to come within a minute)"
+ABORT_WINDOW_RANGE = "window must be at least checkInterval and at most 10m"
+ABORT_ERRORS_ABOVE_ZERO = "maxErrorRateIncrease must be above 0% (at 0% any excess failed request aborts, noise included)"
+#: analysis.abort's latency thresholds: a rise below this is within one window's noise.
+ABORT_MIN_RISE = 0.10
+ABORT_TTFT_FLOOR = "maxTtftRegression must be at least 10% (one window's mean is noisier than that)"
+ABORT_TOKEN_FLOOR = "maxTokenLatencyRegression must be at least 10% (one window's mean is noisier than that)"
+ABORT_WINDOW_SAMPLES = "abort.window must be at least sampleInterval (Prometheus has to scrape within it)"
+
+
+class AbortSpec(ApiModel):
+    """Live mode's safety abort: checked every ``checkInterval`` on the last ``window`` of both arms'
+    traffic. The canary is aborted (its share sent back to the fleet at once, a condition and an
+    Event saying why, RolledBack without touching the fleet) when, over that window:
+
+    * its share of failed requests exceeds the control's by more than ``maxErrorRateIncrease``
+      (percentage points), once it served ``minRequests`` requests or failed ``minErrors`` of them
+      (so one failed request alone never aborts, three failed of three do);
+    * its mean time to first token is above the control's by more than ``maxTtftRegression``
+      (200% = three times), both arms having served ``minRequests``;
+    * its mean per-token latency is above the control's by more than ``maxTokenLatencyRegression``
+      (100% = twice), both arms having served ``minRequests``.
+
+    No confidence interval: these are tripwires for a canary that hurts users, far beyond what the
+    decision measures, and they act within seconds. Used by ``load.mode: live`` (refused at run time
+    in this version).
+    """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel(f"!{_dur_ok('self.checkInterval')} || (duration(self.checkInterval) >= duration('1s')"
+             " && duration(self.checkInterval) <= duration('1m'))", ABORT_CHECK_RANGE, ".checkInterval"),
+        _cel(f"!{_dur_ok('self.window')} || !{_dur_ok('self.checkInterval')}"
+             " || (duration(self.window) >= duration(self.checkInterval) && duration(self.window) <= duration('10m'))",
+             ABORT_WINDOW_RANGE, ".window"),
+        _cel(f"!has(self.maxErrorRateIncrease) || !string(self.maxErrorRateIncrease).matches(r'{PERCENT_PATTERN}')"
+             f" || {_pct_cel('self.maxErrorRateIncrease')} > 0.0", ABORT_ERRORS_ABOVE_ZERO, ".maxErrorRateIncrease"),
+        _cel(f"!has(self.maxTtftRegression) || !string(self.maxTtftRegression).matches(r'{TAIL_PERCENT_PATTERN}')"
+             f" || {_pct_cel('self.maxTtftRegression')} >= {ABORT_MIN_RISE * 100}", ABORT_TTFT_FLOOR,
+             ".maxTtftRegression"),
+        _cel(f"!has(self.maxTokenLatencyRegression)"
+             f" || !string(self.maxTokenLatencyRegression).matches(r'{TAIL_PERCENT_PATTERN}')"
+             f" || {_pct_cel('self.maxTokenLatencyRegression')} >= {ABORT_MIN_RISE * 100}", ABORT_TOKEN_FLOOR,
+             ".maxTokenLatencyRegression"),
+    ]})
+
+    check_interval: Duration = Field(
+        default="10s", description="How often the abort rule is checked, 1s to 1m. With the defaults a canary that "
+                                   "fails every request is aborted within about 35s of its first error at one request "
+                                   "every 10s (two more failures, one Prometheus scrape, one check), sooner with more "
+                                   "traffic.")
+    window: Duration = Field(
+        default="1m", description="How much of the arms' recent traffic each check reads: at least checkInterval "
+                                  "and analysis.sampleInterval, at most 10m. Longer lets a canary with little traffic "
+                                  "reach minErrors; the check still runs every checkInterval.")
+    max_error_rate_increase: Percent = Field(
+        default="5%", description="Largest rise of the canary's share of failed requests over the control's, in "
+                                  "percentage points, above 0%; 100% never aborts on errors.")
+    min_requests: int = Field(
+        default=20, ge=1, le=100000,
+        description="Requests an arm must have served in the window before its error rate or its latencies are "
+                    "compared (the error check also fires on minErrors failed requests).")
+    min_errors: int = Field(
+        default=3, ge=1, le=10000,
+        description="Failed canary requests in the window that are enough for the error check below minRequests: "
+                    "one failed request never aborts by default, three failed of three do.")
+    max_ttft_regression: RisePercent = Field(
+        default="200%", description="Largest rise of the canary's mean time to first token over the control's: "
+                                    "200% = three times; at least 10%.")
+    max_token_latency_regression: RisePercent = Field(
+        default="100%", description="Largest rise of the canary's mean per-token latency over the control's: "
+                                    "100% = twice; at least 10%.")
+
+    @model_validator(mode="after")
+    def _sane(self) -> "AbortSpec":
+        if not ABORT_CHECK_MIN <= self.check_interval <= ABORT_CHECK_MAX:
+            raise ValueError(ABORT_CHECK_RANGE)
+        if not self.check_interval <= self.window <= ABORT_WINDOW_MAX:
+            raise ValueError(ABORT_WINDOW_RANGE)
+        if self.max_error_rate_increase <= 0.0:
+            raise ValueError(ABORT_ERRORS_ABOVE_ZERO)
+        if self.max_ttft_regression < ABORT_MIN_RISE - 1e-12:
+            raise ValueError(ABORT_TTFT_FLOOR)
+        if self.max_token_latency_regression < ABORT_MIN_RISE - 1e-12:
+            raise ValueError(ABORT_TOKEN_FLOOR)
+        return self
+
+
 class AnalysisSpec(ApiModel):
     """The decision rule: per batch size, per-token latency (TPOT) and throughput, canary vs control,
     with anytime-valid confidence intervals at ``confidence``; no data means wait, up to ``deadline``."""
@@ -817,6 +1090,10 @@ class AnalysisSpec(ApiModel):
     sample_interval: Duration = Field(
         default="5s", description="Length of one sample window (per-token latency and throughput are read per "
                                   "disjoint window); at least Prometheus' scrape interval.")
+    abort: AbortSpec = Field(
+        default_factory=AbortSpec, json_schema_extra=_obj_default(AbortSpec),
+        description="Live mode's safety abort: the canary's errors, time to first token and per-token latency far "
+                    "beyond the control's send its share back to the fleet and roll back.")
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         _cel("!has(self.minLatencyImprovement) || double(string(self.minLatencyImprovement).replace('%', '')) < 100.0",
@@ -826,6 +1103,8 @@ class AnalysisSpec(ApiModel):
              "maxThroughputRegression must be below 100%", ".maxThroughputRegression"),
         _cel(f"!{_dur_ok('self.sampleInterval')} || duration(self.sampleInterval) >= duration('1s')",
              "sampleInterval must be at least 1s", ".sampleInterval"),
+        _cel(f"!has(self.abort) || !{_dur_ok('self.abort.window')} || !{_dur_ok('self.sampleInterval')}"
+             " || duration(self.abort.window) >= duration(self.sampleInterval)", ABORT_WINDOW_SAMPLES, ".abort.window"),
     ]})
 
     @model_validator(mode="after")
@@ -836,6 +1115,8 @@ class AnalysisSpec(ApiModel):
             raise ValueError("maxThroughputRegression must be below 100%")
         if self.sample_interval < timedelta(seconds=1):
             raise ValueError("sampleInterval must be at least 1s")
+        if self.abort.window < self.sample_interval:
+            raise ValueError(ABORT_WINDOW_SAMPLES)
         return self
 
 

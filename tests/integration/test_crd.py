@@ -159,6 +159,22 @@ VALID = {
                                           "lookahead.replaceExisting": True},
     "explicit-batch-sizes": {"load.batchSizes": [1, 2, 4, 8, 16, 64]},
     "live-mode": {"load.mode": "live", "load.livePercent": "5%"},
+    # live mode's split and abort (issue 26): the API is in place, the run time still refuses live
+    "live-service-split-fractional": {"load.mode": "live", "load.livePercent": "2.5%", "load.split": "service"},
+    "live-gateway-api-service-backend": {"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI",
+                                         "load.gatewayAPI": {"httpRouteRef": {"name": "chat"}, "ruleIndex": 15,
+                                                             "backendRef": {"name": "chat", "port": 80}}},
+    "live-gateway-api-inference-pools": {"load.mode": "live", "load.livePercent": "10%", "load.split": "gatewayAPI",
+                                         "load.gatewayAPI": {
+                                             "httpRouteRef": {"name": "chat", "namespace": "gateway"},
+                                             "ruleName": "chat",
+                                             "backendRef": {"kind": "InferencePool", "name": "chat-pool"},
+                                             "endpointPickers": {"canary": {"name": "epp-canary"},
+                                                                 "control": {"name": "epp-control", "port": 9003,
+                                                                             "failureMode": "FailOpen"}}}},
+    "abort-at-its-bounds": {"analysis.abort": {"checkInterval": "1m", "window": "10m", "maxErrorRateIncrease": "100%",
+                                               "minRequests": 1, "minErrors": 1, "maxTtftRegression": "10%",
+                                               "maxTokenLatencyRegression": 1000}},
     "integer-percents-and-waves": {"analysis.maxThroughputRegression": 3, "promotion.waves": [25, "50%", 100]},
     "fractional-percent-string": {"analysis.minLatencyImprovement": "7.5%"},
     "guard-power-above-guard-tolerance": {"promotion.guard.maxThroughputRegression": 3,
@@ -235,6 +251,37 @@ INVALID = {
     "bad-duration": ({"load.stepDuration": "2 minutes"}, "spec.load.stepDuration"),
     "warmup-not-shorter-than-step": ({"load.warmup": "2m"}, "spec.load.warmup"),
     "live-without-percent": ({"load.mode": "live"}, "spec.load.livePercent"),
+    # live mode's split and abort (issue 26)
+    "live-percent-zero": ({"load.mode": "live", "load.livePercent": "0%"}, "spec.load.livePercent"),
+    "live-percent-fifty": ({"load.mode": "live", "load.livePercent": 50}, "spec.load.livePercent"),
+    "live-split-unknown": ({"load.mode": "live", "load.livePercent": 5, "load.split": "istio"}, "spec.load.split"),
+    "live-gateway-api-missing": ({"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI"},
+                                 "spec.load.gatewayAPI"),
+    "live-gateway-api-with-service-split": ({"load.mode": "live", "load.livePercent": 5, "load.gatewayAPI": {
+        "httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat"}}}, "spec.load.gatewayAPI"),
+    "live-gateway-api-rule-name-and-index": ({"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI",
+                                              "load.gatewayAPI": {"httpRouteRef": {"name": "chat"}, "ruleName": "a",
+                                                                  "ruleIndex": 0, "backendRef": {"name": "chat"}}},
+                                             "spec.load.gatewayAPI.ruleIndex"),
+    "live-gateway-api-pools-without-pickers": ({"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI",
+                                                "load.gatewayAPI": {"httpRouteRef": {"name": "chat"}, "backendRef": {
+                                                    "kind": "InferencePool", "name": "chat-pool"}}},
+                                               "spec.load.gatewayAPI.endpointPickers"),
+    "live-gateway-api-one-picker-for-both": ({"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI",
+                                              "load.gatewayAPI": {"httpRouteRef": {"name": "chat"}, "backendRef": {
+                                                  "kind": "InferencePool", "name": "chat-pool"}, "endpointPickers": {
+                                                  "canary": {"name": "epp"}, "control": {"name": "epp"}}}},
+                                             "spec.load.gatewayAPI.endpointPickers.control.name"),
+    "abort-check-interval-above-1m": ({"analysis.abort": {"checkInterval": "2m", "window": "5m"}},
+                                      "spec.analysis.abort.checkInterval"),
+    "abort-window-below-check-interval": ({"analysis.abort": {"checkInterval": "30s", "window": "20s"}},
+                                          "spec.analysis.abort.window"),
+    "abort-window-below-sample-interval": ({"analysis.abort": {"checkInterval": "2s", "window": "3s"}},
+                                           "spec.analysis.abort.window"),
+    "abort-error-rate-zero": ({"analysis.abort": {"maxErrorRateIncrease": "0%"}},
+                              "spec.analysis.abort.maxErrorRateIncrease"),
+    "abort-ttft-below-10pct": ({"analysis.abort": {"maxTtftRegression": "5%"}}, "spec.analysis.abort.maxTtftRegression"),
+    "abort-min-errors-zero": ({"analysis.abort": {"minErrors": 0}}, "spec.analysis.abort.minErrors"),
     "prompts-both-sources": ({"load.prompts": {"builtin": "chat", "configMapRef": {"name": "p"}}},
                              "spec.load.prompts"),
     "throughput-regression-150pct": ({"analysis.maxThroughputRegression": "150%"},
@@ -346,6 +393,7 @@ def test_a_name_too_long_for_a_label_value_is_refused_at_apply(objects, namespac
 
 # every Duration of the spec, each beyond the 24h bound: once far enough to overflow CEL's duration()
 DURATIONS = ["load.stepDuration", "load.warmup", "analysis.deadline", "analysis.sampleInterval",
+             "analysis.abort.checkInterval", "analysis.abort.window",
              "promotion.waveDuration", "promotion.guard.duration", "promotion.rolloutDeadline"]
 
 

@@ -229,6 +229,28 @@ INVALID = {
     "bad duration": (spec_with(**{"load.stepDuration": "2 minutes"}), "stepDuration"),
     "warmup >= step": (spec_with(**{"load.warmup": "5m"}), "warmup"),
     "live without livePercent": (spec_with(**{"load.mode": "live"}), "livePercent"),
+    "livePercent 0": (spec_with(**{"load.mode": "live", "load.livePercent": "0%"}), "livePercent"),
+    "livePercent 50": (spec_with(**{"load.mode": "live", "load.livePercent": 50}), "livePercent"),
+    "unknown split": (spec_with(**{"load.mode": "live", "load.livePercent": 5, "load.split": "istio"}), "split"),
+    "gatewayAPI split without gatewayAPI": (spec_with(**{"load.mode": "live", "load.livePercent": 5,
+                                                         "load.split": "gatewayAPI"}), "gatewayAPI"),
+    "gatewayAPI without its split": (spec_with(**{"load.mode": "live", "load.livePercent": 5,
+                                                  "load.gatewayAPI": {"httpRouteRef": {"name": "r"},
+                                                                      "backendRef": {"name": "s"}}}), "gatewayAPI"),
+    "gatewayAPI rule index 16": (spec_with(**{"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI",
+                                              "load.gatewayAPI": {"httpRouteRef": {"name": "r"}, "ruleIndex": 16,
+                                                                  "backendRef": {"name": "s"}}}), "ruleIndex"),
+    "gatewayAPI backend kind": (spec_with(**{"load.mode": "live", "load.livePercent": 5, "load.split": "gatewayAPI",
+                                             "load.gatewayAPI": {"httpRouteRef": {"name": "r"},
+                                                                 "backendRef": {"kind": "Ingress", "name": "s"}}}),
+                                "backendRef.kind"),
+    "abort checkInterval 2m": (spec_with(**{"analysis.abort.checkInterval": "2m", "analysis.abort.window": "5m"}),
+                               "checkInterval"),
+    "abort window 11m": (spec_with(**{"analysis.abort.window": "11m"}), "window"),
+    "abort minRequests 0": (spec_with(**{"analysis.abort.minRequests": 0}), "abort.minRequests"),
+    "abort minErrors 0": (spec_with(**{"analysis.abort.minErrors": 0}), "abort.minErrors"),
+    "abort error rate 0": (spec_with(**{"analysis.abort.maxErrorRateIncrease": "0%"}), "maxErrorRateIncrease"),
+    "abort ttft 1500%": (spec_with(**{"analysis.abort.maxTtftRegression": "1500%"}), "maxTtftRegression"),
     "prompts both": (spec_with(**{"load.prompts": {"builtin": "chat", "configMapRef": {"name": "p"}}}), "configMapRef"),
     "prompts unknown builtin": (spec_with(**{"load.prompts": {"builtin": "poetry"}}), "builtin"),
     "throughput regression 150%": (spec_with(**{"analysis.maxThroughputRegression": "150%"}), "maxThroughputRegression"),
@@ -320,6 +342,7 @@ def test_the_crd_has_a_method_engine_rule_exactly_for_each_refused_pair():
 
 
 DURATION_FIELDS = ["load.stepDuration", "load.warmup", "analysis.deadline", "analysis.sampleInterval",
+                   "analysis.abort.checkInterval", "analysis.abort.window",
                    "promotion.waveDuration", "promotion.guard.duration", "promotion.rolloutDeadline"]
 
 
@@ -378,6 +401,132 @@ def test_a_configmap_key_kubernetes_refuses_is_refused_naming_the_field(key):
     for ok in ("prompts.jsonl", ".hidden", "a..b", "x_y-z.jsonl", "prompts..v2."):
         body["load"]["prompts"]["configMapRef"]["key"] = ok
         assert LookaheadPolicySpec.model_validate(body).load.prompts.config_map_ref.key == ok
+
+
+# ------------------------------------------------------------------------------------------
+# live mode: the split and the safety abort (issue 26; refused at run time in this version)
+
+LIVE = {"load.mode": "live", "load.livePercent": "5%"}
+GATEWAY = {"httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat", "port": 80}}
+POOLS = {"httpRouteRef": {"name": "chat", "namespace": "gateway"}, "ruleName": "chat",
+         "backendRef": {"kind": "InferencePool", "name": "chat-pool"},
+         "endpointPickers": {"canary": {"name": "epp-canary"}, "control": {"name": "epp-control", "port": 9003,
+                                                                           "failureMode": "FailOpen"}}}
+
+
+def test_live_defaults():
+    spec = LookaheadPolicySpec.model_validate(MINIMAL)
+    assert spec.load.split == "service" and spec.load.gateway_api is None and spec.load.live_percent is None
+    abort = spec.analysis.abort
+    assert abort.check_interval == timedelta(seconds=10) and abort.window == timedelta(minutes=1)
+    assert abort.max_error_rate_increase == pytest.approx(0.05) and (abort.min_requests, abort.min_errors) == (20, 3)
+    assert abort.max_ttft_regression == pytest.approx(2.0) and abort.max_token_latency_regression == pytest.approx(1.0)
+    assert spec.to_dict()["analysis"]["abort"] == {
+        "checkInterval": "10s", "window": "1m", "maxErrorRateIncrease": "5%", "minRequests": 20, "minErrors": 3,
+        "maxTtftRegression": "200%", "maxTokenLatencyRegression": "100%"}
+    assert spec.to_dict()["load"]["split"] == "service"
+
+
+@pytest.mark.parametrize("over", [
+    LIVE,
+    {**LIVE, "load.livePercent": "49.5%"},
+    {**LIVE, "load.split": "gatewayAPI", "load.gatewayAPI": GATEWAY},
+    {**LIVE, "load.split": "gatewayAPI", "load.gatewayAPI": {**GATEWAY, "ruleIndex": 15}},
+    {**LIVE, "load.split": "gatewayAPI", "load.gatewayAPI": POOLS},
+    {**LIVE, "load.split": "gatewayAPI", "load.gatewayAPI": {**GATEWAY, "backendRef": {"kind": "InferencePool",
+                                                                                         "name": "p"},
+                                                             "armBackend": "Service"}},
+    {"analysis.abort": {"checkInterval": "1s", "window": "5s"}},
+    {"analysis.abort": {"checkInterval": "1m", "window": "10m", "maxErrorRateIncrease": "100%", "minRequests": 1,
+                        "minErrors": 1, "maxTtftRegression": "10%", "maxTokenLatencyRegression": 1000}},
+])
+def test_live_variants_are_accepted_and_round_trip(over):
+    spec = LookaheadPolicySpec.model_validate(spec_with(**over))
+    assert LookaheadPolicySpec.model_validate(spec.to_dict()) == spec
+    if "load.gatewayAPI" in over:
+        wire = spec.to_dict()["load"]["gatewayAPI"]
+        assert wire["httpRouteRef"]["name"] == "chat" and "gateway_api" not in spec.to_dict()["load"]
+
+
+def test_arm_backends_follow_the_fleets_unless_set():
+    g = LookaheadPolicySpec.model_validate(spec_with(**LIVE, **{"load.split": "gatewayAPI",
+                                                                "load.gatewayAPI": POOLS})).load.gateway_api
+    assert g.arm_kind == "InferencePool" and g.endpoint_pickers.canary.port == 9002
+    assert g.endpoint_pickers.control.failure_mode == "FailOpen" and g.endpoint_pickers.canary.failure_mode == "FailClose"
+    g = LookaheadPolicySpec.model_validate(spec_with(**LIVE, **{"load.split": "gatewayAPI",
+                                                                "load.gatewayAPI": GATEWAY})).load.gateway_api
+    assert g.arm_kind == "Service" and g.backend_ref.kind == "Service" and g.http_route_ref.namespace is None
+
+
+def _rules(*path: str) -> list[dict]:
+    from lookahead_dev import crdgen
+
+    node = crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for part in path:
+        node = node["properties"][part]
+    return node.get("x-kubernetes-validations", [])
+
+
+# (case, the CRD node holding the rule, its fieldPath, the message both validators give)
+def _live_rule_cases():
+    from lookahead_operator.api import spec as s
+
+    gw = {**LIVE, "load.split": "gatewayAPI"}
+    return {
+        "livePercent 0": (spec_with(**{**LIVE, "load.livePercent": 0}), ("load",), ".livePercent",
+                          s.LIVE_PERCENT_RANGE),
+        "livePercent 75 in sweep": (spec_with(**{"load.livePercent": "75%"}), ("load",), ".livePercent",
+                                    s.LIVE_PERCENT_RANGE),
+        "gatewayAPI required": (spec_with(**gw), ("load",), ".gatewayAPI", s.GATEWAY_REQUIRED),
+        "gatewayAPI with split service": (spec_with(**LIVE, **{"load.gatewayAPI": GATEWAY}), ("load",), ".gatewayAPI",
+                                          s.GATEWAY_UNUSED),
+        "gatewayAPI in sweep": (spec_with(**{"load.split": "gatewayAPI", "load.gatewayAPI": GATEWAY}), ("load",),
+                                ".gatewayAPI", s.GATEWAY_UNUSED),
+        "ruleName and ruleIndex": (spec_with(**gw, **{"load.gatewayAPI": {**GATEWAY, "ruleName": "a", "ruleIndex": 0}}),
+                                   ("load", "gatewayAPI"), ".ruleIndex", s.RULE_ONE_SELECTOR),
+        "pools without pickers": (spec_with(**gw, **{"load.gatewayAPI": {**GATEWAY, "armBackend": "InferencePool"}}),
+                                  ("load", "gatewayAPI"), ".endpointPickers", s.PICKERS_REQUIRED),
+        "pool backend without pickers": (spec_with(**gw, **{"load.gatewayAPI": {
+            **GATEWAY, "backendRef": {"kind": "InferencePool", "name": "p"}}}), ("load", "gatewayAPI"),
+            ".endpointPickers", s.PICKERS_REQUIRED),
+        "pickers for Service arms": (spec_with(**gw, **{"load.gatewayAPI": {
+            **GATEWAY, "endpointPickers": POOLS["endpointPickers"]}}), ("load", "gatewayAPI"), ".endpointPickers",
+            s.PICKERS_UNUSED),
+        "one picker for both pools": (spec_with(**gw, **{"load.gatewayAPI": {
+            **POOLS, "endpointPickers": {"canary": {"name": "epp"}, "control": {"name": "epp"}}}}),
+            ("load", "gatewayAPI", "endpointPickers"), ".control.name", s.ENDPOINT_PICKERS_DISTINCT),
+        "abort check 500ms": (spec_with(**{"analysis.abort.checkInterval": "500ms"}), ("analysis", "abort"),
+                              ".checkInterval", s.ABORT_CHECK_RANGE),
+        "abort check 90s": (spec_with(**{"analysis.abort.checkInterval": "90s", "analysis.abort.window": "2m"}),
+                            ("analysis", "abort"), ".checkInterval", s.ABORT_CHECK_RANGE),
+        "abort window below check": (spec_with(**{"analysis.abort.checkInterval": "30s",
+                                                  "analysis.abort.window": "20s"}),
+                                     ("analysis", "abort"), ".window", s.ABORT_WINDOW_RANGE),
+        "abort window 11m": (spec_with(**{"analysis.abort.window": "11m"}), ("analysis", "abort"), ".window",
+                             s.ABORT_WINDOW_RANGE),
+        "abort window below sampleInterval": (spec_with(**{"analysis.abort.checkInterval": "2s",
+                                                           "analysis.abort.window": "3s"}),
+                                              ("analysis",), ".abort.window", s.ABORT_WINDOW_SAMPLES),
+        "abort error rate 0": (spec_with(**{"analysis.abort.maxErrorRateIncrease": 0}), ("analysis", "abort"),
+                               ".maxErrorRateIncrease", s.ABORT_ERRORS_ABOVE_ZERO),
+        "abort ttft 5%": (spec_with(**{"analysis.abort.maxTtftRegression": "5%"}), ("analysis", "abort"),
+                          ".maxTtftRegression", s.ABORT_TTFT_FLOOR),
+        "abort token latency 9.9%": (spec_with(**{"analysis.abort.maxTokenLatencyRegression": "9.9%"}),
+                                     ("analysis", "abort"), ".maxTokenLatencyRegression", s.ABORT_TOKEN_FLOOR),
+    }
+
+
+@pytest.mark.parametrize("case", list(_live_rule_cases()))
+def test_live_rules_one_rule_one_message(case):
+    """Each live-mode rule refuses its case with one message, the same in the model and in the
+    CRD's CEL rule (which names the field through fieldPath). The CEL side is checked against a
+    real apiserver by tests/integration/test_crd.py (cases live-* and abort-*)."""
+    body, node, field_path, message = _live_rule_cases()[case]
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(body)
+    assert spec_error(err.value).endswith(f"Value error, {message}"), spec_error(err.value)
+    rules = [r for r in _rules(*node) if r["message"] == message]
+    assert len(rules) == 1 and rules[0]["fieldPath"] == field_path, (node, rules)
 
 
 # ------------------------------------------------------------------------------------------
