@@ -906,6 +906,11 @@ def main(argv: list[str] | None = None) -> int:
                            "confidence": th.confidence, "min_samples": th.min_samples}}
     render(realistic, stress, by_noise, policy, meta, effects)
     print(f"{len(rows)} scenarios x {seeds} seeds in {meta['seconds']} s on {meta['machine']}")
+    from lookahead_dev import bench_live  # live streams (issue 26): their own module
+    t1 = time.time()
+    live = bench_live.main_live(seeds, th, args.seed, quick=args.quick)
+    bench_live.render_live(live)
+    print(f"live: {live['scenarios']} scenarios x {live['seeds']} seeds in {time.time() - t1:.1f} s")
     out = {m: _rounded(realistic[m]) for m in METHODS}
     out["goal"] = goals(realistic)
     out["goal_one_step"] = goals(realistic, "ours_one_step")
@@ -916,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
                              for m in METHODS} for g, s in by_noise.items()}
     out["policy"] = {m: _rounded(r) for m, r in policy.items()}
     out["by_effect"] = {band: _rounded(b) for band, b in effects.items()}
+    out["live"] = live
+    meta["load_average"]["after"] = [round(x, 2) for x in os.getloadavg()]
     out["meta"] = meta
     print(json.dumps(out))
     return 0

@@ -4,7 +4,8 @@ control, one metric at a time.
 Modules by family: ``thresholds`` (the policy's margins and the family-wise split), ``verdicts``
 (what a comparison concludes), ``sequences`` (the confidence sequences), ``comparisons``
 (``SequentialComparison``, ``PairedComparison``), ``tails`` (histogram quantiles and the tail
-veto). This package imports nothing from the operator but itself.
+veto), ``live`` (live traffic: ``LiveComparison``, paired windows per offered-load stratum, the
+crossover as a load level). This package imports nothing from the operator but itself.
 
 What is estimated: the relative change of the canary's mean against the control's mean,
     change = mean(canary) / mean(control) - 1,
@@ -62,6 +63,10 @@ Added for issue 11 (docs/statistics.md has the reasoning and the Monte-Carlo evi
 """
 
 from lookahead_operator.measurement.stats.comparisons import PairedComparison, SequentialComparison
+from lookahead_operator.measurement.stats.live import (DEFAULT_MAX_TTFT_REGRESSION, LIVE_METRICS_PER_STRATUM,
+                                                       ArmWindow, Crossover, LiveComparison, LiveResults, LiveWindow,
+                                                       Strata, StratumOutcome, StratumResult, live_thresholds,
+                                                       read_run, stratum_outcome)
 from lookahead_operator.measurement.stats.sequences import (PAIRED_EFFECT_PRIOR, log_ratio_confidence_sequence,
                                                             mixture_half_width, paired_log_confidence_sequence,
                                                             paired_ratio_confidence_sequence)
@@ -80,4 +85,7 @@ __all__ = [
     "win_confidence", "family_split", "policy_thresholds", "log_ratio_confidence_sequence",
     "paired_ratio_confidence_sequence", "paired_log_confidence_sequence", "mixture_half_width",
     "DEFAULT_MAX_TAIL_LATENCY_REGRESSION", "DEFAULT_METRICS_PER_BATCH", "PAIRED_EFFECT_PRIOR",
+    "LiveComparison", "LiveWindow", "ArmWindow", "Strata", "StratumOutcome", "StratumResult", "LiveResults",
+    "Crossover", "stratum_outcome", "live_thresholds", "read_run", "LIVE_METRICS_PER_STRATUM",
+    "DEFAULT_MAX_TTFT_REGRESSION",
 ]
