@@ -56,6 +56,7 @@ from aiohttp import web
 
 from . import specconfig
 from .metrics import EngineMetrics
+from .models import RUNTIMES  # (models imports torch only when a torch model loads)
 from .scheduler import (
     ErrorEvent,
     FinishEvent,
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speculation off while more than N requests run (default: always on)")
     p.add_argument("--backend", choices=("model", "simulate"), default="model",
                    help="model: a real model; simulate: the roofline simulator")
-    p.add_argument("--runtime", choices=("auto", "torch", "numpy"), default="auto",
+    p.add_argument("--runtime", choices=RUNTIMES, default="auto",
                    help="what runs the model: torch (transformers), numpy (no torch: the engine image) "
                         "or auto, torch where installed (default auto)")
     p.add_argument("--sim-config", type=_json_object, default=None,
