@@ -45,6 +45,7 @@ from lookahead_operator.api.spec import (
     EndpointPickerRef,
     GatewayAPISplit,
 )
+from lookahead_operator.measurement.stats.live import ArmWindow  # one arm over one window: the live comparison's record
 from lookahead_operator.controller.builders import owned_metadata, policy_labels, role_deployment_name
 
 #: Gateway API's bounds on a backendRef's weight (shared_types.go: Minimum=0, Maximum=1000000).
@@ -587,28 +588,6 @@ def restore_route(route: dict, saved: Optional[SavedBackendRefs] = None) -> dict
 # the safety abort
 
 
-@dataclass(frozen=True)
-class ArmWindow:
-    """One arm's traffic over one abort window (``analysis.abort.window``): requests finished,
-    of them failed, the mean time to first token and the mean per-token latency, in seconds
-    (None: no value in the window)."""
-
-    requests: int
-    errors: int
-    ttft_s: Optional[float] = None
-    token_latency_s: Optional[float] = None
-
-    @property
-    def served(self) -> int:
-        """Requests counted: never fewer than the failed ones (counters read apart can disagree)."""
-        return max(int(self.requests), int(self.errors), 0)
-
-    @property
-    def error_rate(self) -> float:
-        """The share of failed requests; 0 when none were served."""
-        return min(1.0, max(0, int(self.errors)) / self.served) if self.served else 0.0
-
-
 class AbortSignal(StrEnum):
     errors = "errors"
     ttft = "ttft"
@@ -679,7 +658,7 @@ def abort_reason(canary: ArmWindow, control: ArmWindow, abort: AbortSpec) -> Opt
                                f"({max(0, int(canary.errors))} failed): more than {points:.3g} points above the "
                                f"control's (analysis.abort.maxErrorRateIncrease)", c, k, abort.max_error_rate_increase)
     return (_ratio_reason(AbortSignal.ttft, "time to first token", "maxTtftRegression", canary, control,
-                          canary.ttft_s, control.ttft_s, abort.max_ttft_regression, abort.min_requests)
+                          canary.ttft, control.ttft, abort.max_ttft_regression, abort.min_requests)
             or _ratio_reason(AbortSignal.token_latency, "per-token latency", "maxTokenLatencyRegression", canary,
-                             control, canary.token_latency_s, control.token_latency_s,
+                             control, canary.per_token_latency, control.per_token_latency,
                              abort.max_token_latency_regression, abort.min_requests))

@@ -187,6 +187,16 @@ class ArmWindow:
     errors: int = 0
     running: float | None = None  # an outcome: reported, never a stratum key
 
+    @property
+    def served(self) -> int:
+        """Requests counted: never fewer than the failed ones (counters read apart can disagree)."""
+        return max(int(self.requests), int(self.errors), 0)
+
+    @property
+    def error_rate(self) -> float:
+        """The share of failed requests; 0 when none were served."""
+        return min(1.0, max(0, int(self.errors)) / self.served) if self.served else 0.0
+
 
 @dataclass(frozen=True)
 class LiveWindow:

@@ -13,7 +13,14 @@ from lookahead_operator.api.names import ANNOTATION_ORIGINAL_BACKEND_REFS, LABEL
 from lookahead_operator.api.spec import AbortSpec, BackendKind, EndpointPickerRef, GatewayAPISplit
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller import livesplit as ls
-from lookahead_operator.controller.livesplit import ArmWindow, LiveSplitError
+from lookahead_operator.controller.livesplit import LiveSplitError
+from lookahead_operator.measurement.stats.live import ArmWindow as _ArmWindow
+
+
+def ArmWindow(requests, errors, ttft_s=None, token_latency_s=None):  # noqa: N802 (reads as the record it builds)
+    """One arm's abort window: requests, failed, mean TTFT and mean per-token latency (seconds)."""
+    return _ArmWindow(per_token_latency=token_latency_s, token_rate=None, ttft=ttft_s, requests=requests,
+                      errors=errors)
 
 POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
           "metadata": {"name": "chat-fleet", "namespace": "inference", "uid": "u-1", "generation": 3}}
