@@ -67,6 +67,7 @@ class ConditionType(StrEnum):
     Paused = "Paused"                # spec.paused
     Reconciled = "Reconciled"        # the last pass's actions were carried out
     Ready = "Ready"                  # Succeeded: lookahead is on where it pays
+    CanaryHealthy = "CanaryHealthy"  # live mode: the canary serving users is within analysis.abort (False: aborted)
 
 
 class Condition(StatusModel):
@@ -308,6 +309,12 @@ class Progress(StatusModel):
         default=None, description="When every load Job of the current loadRun was first seen with a running pod: "
                                   "a step or guard measures from here (plus the warm-up), never from before.")
     read_errors: Optional[int] = Field(default=None, ge=0, description="Consecutive passes Prometheus could not be read.")
+    live_edges: Optional[list[float]] = Field(
+        default=None, max_length=16, description="Live mode: the offered-load strata's interior edges (requests per "
+                                                 "fleet pod per sampleInterval), fixed before any window is compared.")
+    live_arm_replicas: Optional[int] = Field(
+        default=None, ge=1, description="Live mode, split service: replicas per arm, fixed when canary and control "
+                                        "are first created (from the fleet's replicas and load.livePercent).")
 
 
 class GuardLeg(StatusModel):
@@ -360,6 +367,46 @@ class RollbackStatus(StatusModel):
                                           description="namespace/name restored to their saved templates.")
 
 
+class LiveStratum(StatusModel):
+    """One offered-load stratum of a live comparison (``measurement.stats.live.StratumResult``)."""
+
+    index: int = Field(ge=0)
+    offered_low: float = Field(ge=0, description="Offered load per fleet pod per sampleInterval, inclusive.")
+    offered_high: Optional[float] = Field(default=None, description="Exclusive upper edge; none for the top stratum.")
+    windows: int = Field(default=0, ge=0, description="Windows whose offered load fell here.")
+    pairs: int = Field(default=0, ge=0, description="Paired per-token-latency windows the outcome was read from.")
+    outcome: str = Field(default="Pending", max_length=MAX_SHORT, description="Wins, NoGain, Regresses or Pending.")
+    latency_change: Optional[float] = Field(default=None, description="Canary vs control per-token latency, relative.")
+    latency_interval: Optional[list[float]] = Field(default=None, description="Its confidence interval [low, high].")
+    token_rate_change: Optional[float] = Field(default=None, description="Tokens/s per running request, relative.")
+    ttft_change: Optional[float] = Field(default=None, description="Time to first token, relative.")
+    control_running: Optional[float] = Field(default=None, description="The control's mean running batch here.")
+    canary_running: Optional[float] = Field(default=None, description="The canary's mean running batch here (an outcome).")
+    requests_control: int = Field(default=0, ge=0, description="Requests the control served in these windows.")
+    requests_canary: int = Field(default=0, ge=0, description="Requests the canary served in these windows.")
+
+
+class LiveStatus(StatusModel):
+    """Live mode: how canary and control share the fleet's traffic, and the comparison per stratum."""
+
+    split: str = Field(default="service", max_length=MAX_SHORT)
+    share: Optional[float] = Field(default=None, description="Each arm's share of the fleet's traffic (0..1).")
+    arm_replicas: Optional[int] = Field(default=None, ge=0, description="Replicas per arm.")
+    message: str = Field(default="", max_length=MAX_MESSAGE, description="The split, in words.")
+    windows: int = Field(default=0, ge=0, description="Windows read so far.")
+    strata: Optional[list[LiveStratum]] = Field(default=None, max_length=17)
+    enabled_below: Optional[float] = Field(
+        default=None, description="Lookahead pays below this offered load per fleet pod per window (none: nowhere, "
+                                  "or everywhere measured when strata won up to the top).")
+    crossover_offered: Optional[float] = Field(
+        default=None, description="The lowest offered load where lookahead stops paying (per fleet pod per window).")
+    crossover_batch: Optional[float] = Field(
+        default=None, description="The control's mean running batch at the crossover: the batch size it corresponds to.")
+    abort: Optional[str] = Field(default=None, max_length=MAX_MESSAGE,
+                                 description="Why the canary was aborted (analysis.abort), if it was.")
+    aborted_at: Optional[Timestamp] = None
+
+
 class LookaheadPolicyStatus(StatusModel):
     phase: Phase = Phase.Pending
     message: Optional[str] = Field(default=None, max_length=MAX_MESSAGE)
@@ -379,6 +426,7 @@ class LookaheadPolicyStatus(StatusModel):
     gates: Optional[Gates] = None
     report: Optional[str] = Field(default=None, max_length=MAX_URL, description="Where the report is (a ConfigMap or URL).")
     guard: Optional[GuardStatus] = Field(default=None, description="The latest guard comparison (promoted vs control).")
+    live: Optional[LiveStatus] = Field(default=None, description="Live mode: the split and the per-stratum comparison.")
     rollback: Optional[RollbackStatus] = Field(default=None, description="Why and when the fleet was rolled back, and what was restored.")
     progress: Progress = Field(default_factory=Progress, description="The state machine's bookkeeping (step, wave, "
                                "clocks): what a restarted operator resumes from. See lookahead_operator.controller.statemachine.")

@@ -17,14 +17,14 @@ from lookahead_operator.controller import builders as b
 from lookahead_operator.kube import cache
 from lookahead_operator import engines
 from lookahead_operator.controller import fleet
-from lookahead_operator.controller import loadjobs
+from lookahead_operator.controller import livesplit, loadjobs
 from lookahead_operator.controller.roles import candidate_transform, role_transform
 from lookahead_operator.measurement import measure
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Action, ActionKind, Observed, Target
 from lookahead_operator.kube.client import Kube, api_message
 from lookahead_operator.api.names import ANNOTATION_OWNER, ANNOTATION_PROMOTED, ROLES
-from lookahead_operator.api.spec import CanaryCapacity, LookaheadPolicySpec
+from lookahead_operator.api.spec import CanaryCapacity, LoadMode, LookaheadPolicySpec
 
 log = logging.getLogger("lookahead_operator")
 
@@ -134,10 +134,14 @@ def _ensure_roles(c: Ctx, a: Action) -> None:
     if d is None:
         raise ValueError(f"target {source.namespace}/{source.name} disappeared")
     engine = source.engine or "reference"
+    replicas = a.replicas or c.spec.canary.replicas
+    live = c.spec.load.mode == LoadMode.live
+    if live and w.live_service is None:
+        return  # no Service to join (observe said why; Preflight refuses it): arms that serve no one are not made
     if c.spec.canary.capacity == CanaryCapacity.carve_out and not b.carved_replicas(d):
         # their replicas out of the fleet first, saved on it in the same write: a full GPU pool
         # then has room for them, and every exit (DELETE_ROLES, RESTORE, RELEASE) gives them back
-        pods = 2 * c.spec.canary.replicas
+        pods = 2 * replicas
         d = c.k.fresh_deployment(*source.key)
         if d is None:
             raise ValueError(f"target {source.namespace}/{source.name} disappeared")
@@ -151,8 +155,10 @@ def _ensure_roles(c: Ctx, a: Action) -> None:
     for role in ROLES:
         if role in roles:
             continue
-        obj = b.build_role_deployment(d, c.body, role, c.spec.canary.replicas, role_transform(c.spec, role, engine),
+        obj = b.build_role_deployment(d, c.body, role, replicas, role_transform(c.spec, role, engine),
                                       engines.is_engine_container, default_port=default_port)
+        if live:  # split service: their pods join the fleet's Service (its selector's labels back on them)
+            obj = livesplit.live_service_template(obj, w.live_service, d)
         if c.k.create_if_absent(obj):
             post_event(c.k, c.body, "Normal", "Launched",
                    f"created {role} {obj['metadata']['namespace']}/{obj['metadata']['name']}")

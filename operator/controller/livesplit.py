@@ -44,7 +44,10 @@ from lookahead_operator.api.spec import (
     CanaryCapacity,
     EndpointPickerRef,
     GatewayAPISplit,
+    LoadMode,
+    LookaheadPolicySpec,
 )
+from lookahead_operator.api.status import Progress
 from lookahead_operator.measurement.stats.live import ArmWindow  # one arm over one window: the live comparison's record
 from lookahead_operator.controller.builders import owned_metadata, policy_labels, role_deployment_name
 
@@ -197,6 +200,33 @@ def arm_join_labels(service: dict, target: dict) -> dict[str, str]:
         raise LiveSplitError(f"Deployment {_name(target)}", f"its selector uses {LABEL_ROLE}, the label that tells "
                                                             "canary and control pods from the fleet's")
     return selector
+
+
+def arm_replicas(spec: LookaheadPolicySpec, progress: Progress) -> int:
+    """Replicas per arm: a Service split's (``progress.liveArmReplicas``, fixed at Preflight from
+    ``load.livePercent``), else ``canary.replicas``."""
+    if spec.load.mode == LoadMode.live and progress.live_arm_replicas:
+        return progress.live_arm_replicas
+    return spec.canary.replicas
+
+
+def fleet_service(services: Sequence[dict], target: dict) -> dict:
+    """The Service the arm pods join: of ``services`` (the target's namespace's), those that select
+    ``target``'s pods by labels (``arm_join_labels`` accepts them), the first by name. Refuses,
+    naming ``spec.load.split``, when none does: canary and control would serve no one."""
+    fits = []
+    for svc in sorted(services, key=lambda s: (s.get("metadata") or {}).get("name", "")):
+        try:
+            arm_join_labels(svc, target)
+        except LiveSplitError:
+            continue
+        fits.append(svc)
+    if not fits:
+        raise LiveSplitError("spec.load.split", f"service: no Service in namespace "
+                                                f"{(target.get('metadata') or {}).get('namespace', '')} selects the "
+                                                f"pods of Deployment {_name(target)}, so canary and control would "
+                                                "serve no one; create the fleet's Service, or use split gatewayAPI")
+    return fits[0]
 
 
 def live_service_template(role_deployment: dict, service: dict, target: dict) -> dict:

@@ -11,10 +11,10 @@ from datetime import datetime, timedelta
 from lookahead_operator.controller import builders as b
 from lookahead_canary import units
 from lookahead_operator import engines
-from lookahead_operator.controller import fleet, loadjobs, tenancy
-from lookahead_operator.measurement import measure, prometheus
+from lookahead_operator.controller import fleet, livesplit, loadjobs, tenancy
+from lookahead_operator.measurement import live as live_measure, measure, prometheus
 from lookahead_operator.controller import statemachine as sm
-from lookahead_operator.controller.world import Need, Observed, ReadError, Target
+from lookahead_operator.controller.world import WITH_ROLES, Need, Observed, ReadError, Target
 from lookahead_operator.measurement.results import GuardPods
 from lookahead_operator.controller.roles import role_transform
 from lookahead_operator.api.names import (
@@ -32,7 +32,7 @@ from lookahead_operator.api.names import (
 from lookahead_operator.kube import podhttp
 from lookahead_operator.kube.client import Kube, recently_created
 from lookahead_operator.api.policy import MAX_POLICY_NAME
-from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.spec import LoadMode, LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
 
 #: world.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
@@ -137,23 +137,31 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.guard_pods = driven["promoted"] = guard_fleet_pods(listed, world)
         world.guard_sides = guard_sides(listed, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
+    if spec.load.mode == LoadMode.live and (status.phase == Phase.Preflight or status.phase in WITH_ROLES):
+        _read_live_service(k, world)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
         return world  # the spec changed: the state machine restarts; measure nothing old
-    need = sm.NEEDS.get(status.phase)
+    need = sm.need(status.phase, spec)
     policy = (meta["namespace"], meta["name"])
     # Prometheus is queried in these phases, with the Secrets analysis.prometheus names read now (an
     # edited Secret is picked up); one that cannot be read is a read error, like an unreachable Prometheus
-    access = prometheus_access(k, meta["namespace"], spec) if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD) else None
+    access = (prometheus_access(k, meta["namespace"], spec)
+              if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD, Need.LIVE) else None)
     try:
         if need is Need.PREFLIGHT:
             world.preflight = measure.read_preflight(spec, world.targets, access=access)
         elif need is Need.STEP:
             world.step = measure.step(spec, policy, status, now, access=access)
+        elif need is Need.LIVE:
+            play = sm.in_play(world)
+            world.live = live_measure.measure(spec, policy, status, now, [t.key for t in play],
+                                      sum(t.replicas for t in play), access=access)
         elif need is Need.DECISION:
             source = sm.role_source(world)
             top = fleet.engine_max_batch(k.get_deployment(*source.key), source.engine) if source else None
-            world.decision = with_promoted_config(measure.decision(spec, status, max_batch_size=top), spec,
+            decide = live_measure.decision if spec.load.mode == LoadMode.live else measure.decision
+            world.decision = with_promoted_config(decide(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
         elif need is Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides,
@@ -185,6 +193,19 @@ def with_promoted_config(decision: Decision, spec: LookaheadPolicySpec, engine: 
     except engines.EngineError as exc:
         config = {"error": str(exc)}
     return decision.model_copy(update={"config": config})
+
+
+def _read_live_service(k, world: Observed) -> None:
+    """Live mode, split service: the Service the arm pods join (``livesplit.fleet_service``), or
+    why there is none."""
+    source = sm.role_source(world)
+    d = k.get_deployment(*source.key) if source is not None else None
+    if d is None:
+        return
+    try:
+        world.live_service = livesplit.fleet_service(k.services(source.namespace), d)
+    except livesplit.LiveSplitError as exc:
+        world.live_service_refusal = exc.message
 
 
 def _read_pool(k, world: Observed) -> None:

@@ -13,7 +13,13 @@ from enum import StrEnum
 
 from lookahead_operator.api.spec import DEFAULT_ROLLOUT_DEADLINE, LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
-from lookahead_operator.measurement.results import GuardCheck, GuardPods, PreflightResult, StepMeasurement
+from lookahead_operator.measurement.results import (
+    GuardCheck,
+    GuardPods,
+    LiveMeasurement,
+    PreflightResult,
+    StepMeasurement,
+)
 
 #: The phases in which canary and control exist.
 WITH_ROLES = frozenset({Phase.Launching, Phase.Measuring, Phase.Deciding, Phase.Promoting, Phase.Guarding})
@@ -28,6 +34,7 @@ class Need(StrEnum):
     STEP = "Step"             # canary vs control at the current batch size
     DECISION = "Decision"     # the decision from status.batches (pure)
     GUARD = "Guard"           # a promoted pod vs the control
+    LIVE = "Live"             # live mode: canary vs control on the fleet's traffic, per stratum, and the abort
 
 
 # --- what the handler observed ----------------------------------------------------------------
@@ -118,6 +125,11 @@ class Observed:
     step: StepMeasurement | None = None
     decision: Decision | None = None   # computed from status.batches when Deciding
     guard: GuardCheck | None = None
+    live: LiveMeasurement | None = None  # live mode, Measuring: this pass's reading
+    # live mode, split service: the Service in the fleet's namespace that selects its pods (what the
+    # arm pods join), and its selector; or why there is none (a refusal, naming the Service or field)
+    live_service: dict | None = None
+    live_service_refusal: str | None = None
     read_errors: list[ReadError] = field(default_factory=list)
     fingerprint: str = ""              # LookaheadPolicySpec.fingerprint(): what is measured (not `paused`)
     approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves
@@ -180,6 +192,7 @@ class Action:
     decision_id: str | None = None
     pods: tuple[int, ...] = ()   # PROMOTE: the pods of each of ``targets`` to run lookahead (its replicas: whole)
     until: datetime | None = None  # ENSURE_LOAD: how long the step may measure (step_deadline)
+    replicas: int | None = None    # ENSURE_ROLES: replicas per arm (canary.replicas, or live mode's split)
 
 
 @dataclass

@@ -193,6 +193,10 @@ class Kube:
     def pods(self, namespace: str, selector: dict | None) -> list[dict]:
         return self._list(f"{_CORE}/namespaces/{namespace}/pods", selector_string(selector))
 
+    def services(self, namespace: str) -> list[dict]:
+        """The Services of ``namespace`` (live mode: which one selects the fleet's pods)."""
+        return self._list(f"{_CORE}/namespaces/{namespace}/services")
+
     def nodes(self) -> list[dict]:
         return self._list(f"{_CORE}/nodes")
 

@@ -268,6 +268,8 @@ class RoleSample:
     drafts: float | None = None
     buckets: Mapping[float, float] | None = None
     started: float | None = None   # requests that got their first token (the TTFT histogram's count)
+    ttft_s: float | None = None    # their mean time to first token (None when none started)
+    request_seconds: float | None = None  # the e2e histogram's _sum increase: seconds of the requests that ended
 
 
 @dataclass(frozen=True)
@@ -285,9 +287,9 @@ def _counter_names(m: MetricNames) -> list[str]:
     if m.per_token_latency:
         names += [f"{m.per_token_latency}_sum", f"{m.per_token_latency}_count"]
     if m.e2e:
-        names.append(f"{m.e2e}_count")
+        names += [f"{m.e2e}_count", f"{m.e2e}_sum"]
     if m.ttft:
-        names.append(f"{m.ttft}_count")
+        names += [f"{m.ttft}_count", f"{m.ttft}_sum"]
     if m.decode_time:
         names.append(f"{m.decode_time}_sum")
     names += [n for n in (m.drafts, m.draft_tokens, m.accepted_tokens) if n]
@@ -324,7 +326,14 @@ def role_sample(inc: Increments | None, m: MetricNames) -> RoleSample:
         output_tokens=gen, seconds=secs, requests=requests,
         draft_tokens=inc.get(m.draft_tokens), accepted_tokens=inc.get(m.accepted_tokens), drafts=inc.get(m.drafts),
         buckets=dict(inc.buckets) if inc.buckets is not None else None,
-        started=inc.get(f"{m.ttft}_count") if m.ttft else None)
+        started=inc.get(f"{m.ttft}_count") if m.ttft else None,
+        ttft_s=_ratio(inc.get(f"{m.ttft}_sum"), inc.get(f"{m.ttft}_count")) if m.ttft else None,
+        request_seconds=inc.get(f"{m.e2e}_sum") if m.e2e else None)
+
+
+def _ratio(total: float | None, count: float | None) -> float | None:
+    """A histogram's mean over an interval: its ``_sum`` increase over its ``_count`` increase."""
+    return total / count if total is not None and count else None
 
 
 def paired_sample(control: Increments | None, canary: Increments | None, m: MetricNames) -> PairedSample:

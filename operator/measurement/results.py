@@ -1,13 +1,16 @@
 """What the measurement hands the state machine, one type per need: the preflight's
-``PreflightResult``, a step's ``StepMeasurement``, the guard's ``GuardCheck``; and the batch sizes
+``PreflightResult``, a step's ``StepMeasurement``, the guard's ``GuardCheck``, live mode's
+``LiveMeasurement``; and the batch sizes
 the guard drives (``guard_batch_sizes``, pure on the status: the state machine and the guard read
 the same list)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from lookahead_operator.api.status import BatchResult, DecisionAction, LookaheadPolicyStatus, PreflightStatus
+from lookahead_operator.measurement.stats.live import ArmWindow, LiveResults
 
 
 @dataclass(frozen=True)
@@ -87,3 +90,18 @@ def guard_batch_sizes(status: LookaheadPolicyStatus) -> list[tuple[int, bool]]:
     if above:
         legs.append((min(above), False))
     return legs
+
+
+@dataclass(frozen=True)
+class LiveMeasurement:
+    """Live mode's reading this pass (``measurement.live.measure``): the per-stratum comparison over
+    every window since canary and control serve, and the last ``analysis.abort.window`` of each arm
+    for the safety abort (which the controller judges: ``controller.livesplit.abort_reason``)."""
+
+    windows: int                                  # whole windows read so far
+    results: Optional[LiveResults] = None       # None until the strata's edges are fixed
+    canary_recent: Optional[ArmWindow] = None   # the last abort window, canary
+    control_recent: Optional[ArmWindow] = None  # ... and control
+    edges: Optional[tuple[float, ...]] = None     # the strata's edges read from the pre-period (first pass only)
+    offered: Optional[float] = None               # the fleet's offered load per pod in the latest window
+    note: str = ""                                # why nothing could be read yet, in words

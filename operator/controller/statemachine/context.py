@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
+from lookahead_operator.controller import livesplit
 from lookahead_operator.controller import conditions
 from lookahead_operator.controller.conditions import Fact
 from lookahead_operator.controller.statemachine.user_edits import left_to_user
@@ -80,6 +81,8 @@ class PassContext:
                                                    if t.carved and t.owner in (world.key, None)])
 
     def act(self, kind: ActionKind, **kw) -> None:
+        if kind == ActionKind.ENSURE_ROLES and "replicas" not in kw and self.world.spec is not None:
+            kw["replicas"] = livesplit.arm_replicas(self.world.spec, self.progress)
         if "targets" in kw:
             kw["targets"] = tuple(sorted(kw["targets"]))
         self.actions.append(Action(kind, **kw))

@@ -12,11 +12,13 @@ from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.deciding import _deciding
 from lookahead_operator.controller.statemachine.guarding import _guarding
 from lookahead_operator.controller.statemachine.leaving import _note_user_edits
+from lookahead_operator.controller.statemachine.live import _measuring_live
 from lookahead_operator.controller.statemachine.measuring import _launching, _measuring
 from lookahead_operator.controller.statemachine.pending import _pending, _preflight
 from lookahead_operator.controller.statemachine.promoting import _promoting
 from lookahead_operator.controller.statemachine.user_edits import in_play
 from lookahead_operator.controller.world import ActionKind, Need, Observed, Plan
+from lookahead_operator.api.spec import LoadMode, LoadSplit, LookaheadPolicySpec
 from lookahead_operator.api.status import TERMINAL_PHASES, LookaheadPolicyStatus, Phase
 
 
@@ -30,14 +32,22 @@ NEEDS: dict[Phase, Need] = {
 }
 
 
+def need(phase: Phase, spec: LookaheadPolicySpec | None) -> Need | None:
+    """What ``phase`` needs measured (``NEEDS``), live mode's Measuring reading live traffic."""
+    if phase == Phase.Measuring and spec is not None and spec.load.mode == LoadMode.live:
+        return Need.LIVE
+    return NEEDS.get(phase)
+
+
 def reconcile(world: Observed) -> Plan:
     ctx = PassContext(world)
     if world.spec is None or world.spec_error:
         return _refuse(ctx, "InvalidSpec", world.spec_error or "the spec could not be parsed")
     spec = world.spec
-    if spec.load.mode == "live":
-        return _refuse(ctx, "Unsupported", "spec.load.mode: live (canary and control taking a share of the fleet's "
-                                           "real traffic) is not implemented in this version; use mode: sweep")
+    if spec.load.mode == LoadMode.live and spec.load.split == LoadSplit.gateway_api:
+        return _refuse(ctx, "Unsupported", "spec.load.split: gatewayAPI (re-weighting an HTTPRoute) is not wired in "
+                                           "this version; use split: service (canary and control join the fleet's "
+                                           "Service)")
     if world.support_problems and ctx.phase in (Phase.Pending, Phase.Preflight):
         return _refuse(ctx, "EngineUnsupported", "; ".join(world.support_problems))
     waiting = ctx.phase == Phase.Pending and (
@@ -81,7 +91,7 @@ def reconcile(world: Observed) -> Plan:
                  "; ".join(f"{e.source}: {e.message}" for e in world.read_errors)
                  + f" ({ctx.progress.read_errors} pass(es) in a row; deadlines still apply, nothing is promoted "
                    "without data)")
-    elif ctx.phase in NEEDS and NEEDS[ctx.phase] is not Need.DECISION:
+    elif need(ctx.phase, spec) not in (None, Need.DECISION):
         ctx.progress.read_errors = None
         ctx.fact(C.MetricsAvailable, True, "Read", "Prometheus answered")
 
@@ -146,7 +156,7 @@ _PHASES = {
     Phase.Pending: _pending,
     Phase.Preflight: _preflight,
     Phase.Launching: _launching,
-    Phase.Measuring: _measuring,
+    Phase.Measuring: lambda ctx: (_measuring_live if ctx.spec.load.mode == LoadMode.live else _measuring)(ctx),
     Phase.Deciding: _deciding,
     Phase.Promoting: _promoting,
     Phase.Guarding: _guarding,

@@ -3,6 +3,9 @@ candidate, and which batch sizes to measure)."""
 
 from __future__ import annotations
 
+from lookahead_operator.api.spec import LoadMode
+from lookahead_operator.controller import livesplit
+from lookahead_operator.controller.statemachine.live import _live_split
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller import fleet
 from lookahead_operator.controller.statemachine.user_edits import role_source
@@ -64,6 +67,9 @@ def _preflight(ctx: PassContext) -> None:
         note = f" (auto batch sizes {sizes} cut to {sizes[:fit]}: analysis.deadline fits {fit} steps)"
         sizes = sizes[:fit]
     ctx.progress.batch_sizes = sizes
+    live = spec.load.mode == LoadMode.live
+    if live and not _live_split(ctx):
+        return
     short = _carve_out_short(ctx)
     if short:
         ctx.act(ActionKind.RELEASE, targets=[t.key for t in world.targets])
@@ -74,7 +80,7 @@ def _preflight(ctx: PassContext) -> None:
     ctx.act(ActionKind.ENSURE_ROLES)
     ctx.transition(Phase.Launching, "CandidateConfirmed",
                    f"preflight {world.preflight.status.verdict or 'Unknown'}; launching canary and control; "
-                   f"batch sizes {sizes}{note}")
+                   + (f"live: {ctx.status.live.message}" if live and ctx.status.live else f"batch sizes {sizes}{note}"))
     ctx.wait(world.poll_s)
 
 
@@ -87,10 +93,11 @@ def _carve_out_short(ctx: PassContext) -> str | None:
     source = role_source(ctx.world)
     if source is None:
         return None
-    need = 2 * spec.canary.replicas
+    each = livesplit.arm_replicas(spec, ctx.progress)
+    need = 2 * each
     have = source.replicas + source.carved
     if have <= need:
-        return (f"canary.capacity carveOut takes {need} replica(s) (canary and control, {spec.canary.replicas} each) "
+        return (f"canary.capacity carveOut takes {need} replica(s) (canary and control, {each} each) "
                 f"out of {source.namespace}/{source.name}, which has {have}: it must keep one serving. Scale it to "
                 f"{need + 1} or more, lower spec.canary.replicas, or use canary.capacity: surge; nothing was created")
     # promoted whole, a target rolls out by its own strategy, while canary and control still hold
@@ -117,7 +124,7 @@ def _pool(ctx: PassContext) -> None:
     world, spec = ctx.world, ctx.spec
     if not world.accelerators:
         return
-    pods = 2 * spec.canary.replicas
+    pods = 2 * livesplit.arm_replicas(spec, ctx.progress)
     if spec.canary.capacity == CanaryCapacity.carve_out:
         ctx.fact(C.CapacityAvailable, True, "CarveOut", f"canary.capacity carveOut: canary and control take {pods} "
                                                          "of the fleet's pods' room; no spare accelerator needed")

@@ -652,11 +652,13 @@ def test_reconcile_is_idempotent_when_nothing_changes():
     assert a.actions == b.actions and a.status == b.status
 
 
-def test_live_mode_is_refused_with_a_condition_naming_the_field():
-    spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%"})
+def test_live_mode_through_an_http_route_is_refused_with_a_condition_naming_the_field():
+    # split: gatewayAPI's pieces are pure and tested (test_livesplit.py), its wiring is not there yet
+    spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%", "load.split": "gatewayAPI",
+                           "load.gatewayAPI": {"httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat"}}})
     plan = sm.reconcile(world(spec=spec, fingerprint=spec.fingerprint(), targets=[]))
     c = cond(plan.status, ConditionType.Accepted)
-    assert plan.status.phase == Phase.Failed and c.status == "False" and "spec.load.mode" in c.message
+    assert plan.status.phase == Phase.Failed and c.status == "False" and "spec.load.split" in c.message
     assert plan.actions == []
 
 

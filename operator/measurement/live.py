@@ -1,0 +1,222 @@
+"""Live mode's measurement: canary and control serve a share of the fleet's real traffic, and each
+pass reads, from Prometheus, every whole ``analysis.sampleInterval`` window since they serve.
+
+Per window and arm (``arm_window``, an ``stats.live.ArmWindow``):
+
+* per-token latency: the per-token histogram's ``_sum`` / ``_count`` increase (``role_sample``);
+* the token rate per running request: tokens generated over the request-seconds of the requests
+  that ended in the window (the e2e histogram's ``_sum`` increase): under open-loop traffic a
+  pod's tokens per second follow what users ask, tokens per request-second are what each user gets;
+* time to first token: the TTFT histogram's ``_sum`` / ``_count`` increase;
+* requests: those that got their first token; running: the request-seconds over the window
+  (Little's law: the mean running batch, reported, never a stratum key).
+
+The stratum key is the **fleet's** offered load: requests its own pods (not the arms') started in
+the window, per fleet pod (docs/statistics.md, "Live traffic"). The strata's edges are fixed
+before any window is compared, from the fleet's request rate over the ``PRE_PERIOD_S`` before
+canary and control started serving (``edges_from_rate``): one stratum per doubling, the fleet's
+load then in the middle of one.
+
+The safety abort reads one more thing: each arm over the last ``analysis.abort.window``, with its
+failed requests (``request_success_total`` by ``finished_reason``, the engine's error reasons). The
+controller judges it (``controller.livesplit.abort_reason``).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Sequence
+
+from lookahead_operator.api.metric_names import MetricNames, metric_names
+from lookahead_operator.api.spec import LookaheadPolicySpec
+from lookahead_operator.api.status import Decision, DecisionAction, LiveStratum, LookaheadPolicyStatus, RegimeRange
+from lookahead_operator.measurement import prometheus
+from lookahead_operator.measurement.measure import (
+    _prom,
+    finished_by_reason,
+    role_labels,
+    scraped_until,
+    status_engine,
+    thresholds,
+)
+from lookahead_operator.measurement.results import LiveMeasurement
+from lookahead_operator.measurement.rules import DEFAULT_MAX_BATCH_SIZE
+from lookahead_operator.measurement.stats.live import (
+    ArmWindow,
+    LiveComparison,
+    LiveWindow,
+    Strata,
+    StratumOutcome,
+    read_run,
+)
+
+#: The fleet's request rate that fixes the strata is read over this long before the arms serve.
+PRE_PERIOD_S = 300.0
+#: Strata: this many doublings of the offered load below and above the fleet's load at the start.
+STRATA_DOUBLINGS = 2
+
+
+def edges_from_rate(per_window: float | None) -> tuple[float, ...]:
+    """The strata's interior edges for a fleet whose pods were each offered ``per_window`` requests
+    per window before the arms served: edges at ``per_window * 2^(k - 1/2)`` for k in
+    -STRATA_DOUBLINGS+1 .. STRATA_DOUBLINGS, so that load sits in the middle of a stratum and each
+    stratum spans one doubling (an idle fleet, or an unknown rate: one stratum, no edges)."""
+    if per_window is None or not math.isfinite(per_window) or per_window <= 0:
+        return ()
+    return tuple(round(per_window * 2 ** (k - 0.5), 6) for k in range(-STRATA_DOUBLINGS + 1, STRATA_DOUBLINGS + 1))
+
+
+def arm_window(s: prometheus.RoleSample, errors: int = 0) -> ArmWindow:
+    """One arm over one window from its Prometheus sample (module docstring)."""
+    started = int(round(s.started or 0.0))
+    seconds = s.seconds or 0.0
+    busy = s.request_seconds
+    rate = None
+    if busy is not None and busy > 0 and s.output_tokens is not None:
+        rate = s.output_tokens / busy
+    elif started > 0 and s.output_tokens == 0:
+        rate = 0.0  # requests came and no token went out: a stall, counted against the arm
+    return ArmWindow(per_token_latency=s.per_token_latency_s, token_rate=rate, ttft=s.ttft_s, requests=started,
+                     errors=errors, running=(busy / seconds) if busy is not None and seconds > 0 else None)
+
+
+def _fleet_match(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """The fleet's own pods (their Deployments' ReplicaSets' pods; never canary or control, named
+    after the policy)."""
+    return prometheus.pod_match("namespace", "pod", sorted({ns for ns, _ in targets}), [n for _, n in targets],
+                                deployments=True)
+
+
+def _per_pod(prom, names: MetricNames, fleet: tuple[dict, dict], pods: int, t0: float, t1: float) -> float | None:
+    started = prometheus.counter_increase(prom, f"{names.ttft}_count", fleet[0], t0, t1, regex=fleet[1],
+                                          count_ended=True)
+    return None if started is None else started / max(1, pods)
+
+
+def recent(prom, names: MetricNames, labels: dict[str, str], start: float, end: float) -> ArmWindow:
+    """One arm over [start, end] with its failed requests: the abort's window."""
+    incs = prometheus.prometheus_increments(prom, names, labels, [start, end])
+    sample = prometheus.role_sample(incs[0] if incs else None, names)
+    a = datetime.fromtimestamp(start, tz=timezone.utc)
+    z = datetime.fromtimestamp(end, tz=timezone.utc)
+    finished = finished_by_reason(prom, names.request_success, labels, None, a, z) if names.request_success else None
+    errors = int(round(sum(v for r, v in (finished or {}).items() if r in names.error_reasons)))
+    served = int(round(sum((finished or {}).values())))
+    w = arm_window(sample, errors)
+    return ArmWindow(per_token_latency=w.per_token_latency, token_rate=w.token_rate, ttft=w.ttft,
+                     requests=max(w.requests, served), errors=errors, running=w.running)
+
+
+def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
+            targets: Sequence[tuple[str, str]], fleet_pods: int,
+            access: prometheus.PrometheusAccess | None = None) -> LiveMeasurement:
+    """This pass's live reading (module docstring). ``targets``: the fleet's Deployments (namespace,
+    name); ``fleet_pods``: how many pods they run (the offered load is per pod)."""
+    p = status.progress
+    since = p.measuring_since
+    if since is None:
+        return LiveMeasurement(windows=0, note="canary and control are not serving yet")
+    prom = _prom(spec, access)
+    names = metric_names(status_engine(status))
+    fleet = _fleet_match(targets)
+    start = since.timestamp()
+    edges = None
+    if p.live_edges is None:
+        rate = _per_pod(prom, names, fleet, fleet_pods, start - PRE_PERIOD_S, start) if names.ttft else None
+        edges = edges_from_rate(None if rate is None else
+                                rate / PRE_PERIOD_S * spec.analysis.sample_interval.total_seconds())
+    arms = {role: role_labels(policy, role) for role in ("control", "canary")}
+    end = scraped_until(prom, names, list(arms.values()), now).timestamp()
+    window = spec.analysis.abort.window.total_seconds()
+    canary_recent = control_recent = None
+    if end - start >= 1.0:
+        a = max(start, end - window)
+        canary_recent = recent(prom, names, arms["canary"], a, end)
+        control_recent = recent(prom, names, arms["control"], a, end)
+    interval = spec.analysis.sample_interval.total_seconds()
+    t0 = start + interval  # the arms' first window: their pods fill up, the Service's endpoints settle
+    n = int((end - t0) // interval) if end > t0 else 0
+    live_edges = edges if edges is not None else tuple(p.live_edges or ())
+    comparison = LiveComparison(thresholds(spec), Strata(tuple(live_edges)),
+                                max_ttft_regression=spec.promotion.guard.max_ttft_regression)
+    offered = None
+    if n >= 1:
+        bounds = [t0 + k * interval for k in range(n + 1)]
+        incs = {role: prometheus.prometheus_increments(prom, names, labels, bounds) for role, labels in arms.items()}
+        fleet_incs = prometheus.prometheus_increments(prom, names, fleet[0], bounds, regex=fleet[1])
+        for i in range(n):
+            f = prometheus.role_sample(fleet_incs[i], names)
+            if f.started is None:
+                continue  # the fleet's pods were not scraped there: no stratum key
+            offered = f.started / max(1, fleet_pods)
+            comparison.add(LiveWindow(offered_load=offered,
+                                      control=arm_window(prometheus.role_sample(incs["control"][i], names)),
+                                      canary=arm_window(prometheus.role_sample(incs["canary"][i], names))))
+    return LiveMeasurement(windows=n, results=comparison.results(), canary_recent=canary_recent,
+                           control_recent=control_recent, edges=edges, offered=offered,
+                           note="" if n else "no whole window of live traffic yet")
+
+
+def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch_size: int | None = None
+             ) -> Decision:
+    """The decision from ``status.live``'s strata (pure; ``stats.live.read_run`` reads them as the
+    sweep's rules read batch sizes):
+
+    * no stratum visited (fewer than ``load.minSamplesPerStep`` windows each), or the run from the
+      lowest visited stratum starts Pending: **Inconclusive** (Pending is never a win);
+    * the lowest visited stratum loses (NoGain or Regresses): **Rollback**;
+    * a run of Wins: lookahead on up to the control's mean running batch in the run's busiest
+      stratum (rounded up: the batch size that load corresponds to on the fleet as it runs), below
+      the crossover's when one was measured, and off above: **PromoteRegimeAware**, or **Promote**
+      when that reaches the engine's ``max_batch_size`` (lookahead is never enabled beyond the load
+      it was measured at)."""
+    live = status.live
+    strata = list(live.strata or []) if live is not None else []
+    minimum = spec.load.min_samples_per_step
+    outcomes = [_OUTCOME.get(s.outcome, StratumOutcome.PENDING) for s in strata]
+    visited = [s.windows >= minimum for s in strata]
+    run, cross = read_run(outcomes, visited)
+    table = "; ".join(_row_words(s) for s in strata if s.windows) or "no window of live traffic"
+    evidence = {"live": live.to_dict() if live is not None else None, "minWindows": minimum,
+                "maxBatchSize": max_batch_size}
+    first = next((i for i, v in enumerate(visited) if v), None)
+    if first is None or (not run and not outcomes[first].loss):
+        why = ("no offered-load stratum got " f"{minimum} windows of live traffic" if first is None else
+               f"the lowest stratum the traffic visited has no answer ({_row_words(strata[first])})")
+        return Decision(action=DecisionAction.Inconclusive, reason=f"live: {why} by the analysis deadline; "
+                                                                   f"lookahead stays off ({table})", evidence=evidence)
+    if not run:
+        return Decision(action=DecisionAction.Rollback,
+                        reason=f"live: lookahead does not pay at the fleet's lowest load measured "
+                               f"({_row_words(strata[first])}); {table}", evidence=evidence)
+    top = max_batch_size or DEFAULT_MAX_BATCH_SIZE
+    busiest = max((strata[i].control_running or 0.0) for i in run)
+    cap = max(1, math.ceil(busiest - 1e-9))
+    crossover = None
+    if cross is not None:
+        at = strata[cross].control_running
+        crossover = max(1, math.ceil(at - 1e-9)) if at else None
+        if crossover is not None:
+            cap = max(1, min(cap, crossover - 1))
+    where = f"up to a running batch of {cap} (the control's at the busiest winning load)"
+    if cap >= top:
+        return Decision(action=DecisionAction.Promote, reason=f"live: lookahead pays at every load measured, "
+                                                              f"{where}, the engine's maximum {top}; {table}",
+                        regime=[RegimeRange(start=1, end=top, enabled=True)], evidence=evidence)
+    cross_words = (f"; it stops paying at {strata[cross].offered_low:g} requests per pod per window "
+                   f"(running batch {crossover})" if cross is not None and crossover else "; above it unmeasured")
+    return Decision(action=DecisionAction.PromoteRegimeAware, crossover_batch_size=crossover,
+                    reason=f"live: lookahead pays {where}, off above{cross_words}; {table}",
+                    regime=[RegimeRange(start=1, end=cap, enabled=True),
+                            RegimeRange(start=cap + 1, end=max(top, cap + 1), enabled=False)],
+                    evidence=evidence)
+
+
+_OUTCOME = {o.value: o for o in StratumOutcome}
+
+
+def _row_words(s: LiveStratum) -> str:
+    hi = f"{s.offered_high:g}" if s.offered_high is not None else "inf"
+    change = f" latency {s.latency_change * 100:+.1f}%" if s.latency_change is not None else ""
+    return f"load [{s.offered_low:g}, {hi}): {s.outcome}{change} over {s.windows} windows"

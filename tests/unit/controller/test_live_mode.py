@@ -1,0 +1,217 @@
+"""Live mode (split: service) through the state machine: the split fixed at Preflight (or refused,
+naming the field), arms that join the fleet's Service, the per-stratum table in status.live, the
+safety abort, and the decision read from the table."""
+
+from dataclasses import replace
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from lookahead_operator.api.status import ConditionType, DecisionAction, LookaheadPolicyStatus, Phase
+from lookahead_operator.controller import livesplit
+from lookahead_operator.controller import statemachine as sm
+from lookahead_operator.controller.world import ActionKind as K
+from lookahead_operator.controller.world import Target
+from lookahead_operator.measurement import live as live_measure
+from lookahead_operator.measurement import measure
+from lookahead_operator.measurement.results import LiveMeasurement
+from lookahead_operator.measurement.stats.live import ArmWindow, LiveComparison, LiveWindow, Strata
+
+from .test_statemachine import CANDIDATE, T0, cond, example_spec, kinds, run, world
+
+SPEC = example_spec(**{"load.mode": "live", "load.livePercent": "10%"})
+SERVICE = {"metadata": {"name": "chat", "namespace": "serving"}, "spec": {"selector": {"app": "chat"}}}
+FLEET = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]
+READY = {"canary": True, "control": True}
+
+
+def live_world(**kw):
+    base = dict(spec=SPEC, fingerprint=SPEC.fingerprint(), targets=FLEET, live_service=SERVICE)
+    base.update(kw)
+    return world(**base)
+
+
+def to_live_measuring(w):
+    _, w = run(w)                                                     # Pending -> Preflight
+    plan, w = run(replace(w, preflight=CANDIDATE), preflight=None)    # Preflight -> Launching
+    assert w.status.phase == Phase.Launching, w.status.message
+    _, w = run(replace(w, roles_ready=READY))                         # Launching -> Measuring
+    assert w.status.phase == Phase.Measuring
+    return w
+
+
+def at(w, seconds):
+    return replace(w, now=T0 + timedelta(seconds=seconds))
+
+
+def results(ratio: float, n: int = 30, seed: int = 0, offered: float = 4.0):
+    """A live comparison whose canary's per-token latency is ``ratio`` x the control's."""
+    rng = np.random.default_rng(seed)
+    comp = LiveComparison(measure.thresholds(SPEC), Strata(live_measure.edges_from_rate(offered)))
+    for _ in range(n):
+        base = 0.02 * float(np.exp(rng.normal(0, 0.02)))
+        c = ArmWindow(per_token_latency=base, token_rate=1 / base, ttft=0.1, requests=4, running=1.0)
+        k = ArmWindow(per_token_latency=base * ratio * float(np.exp(rng.normal(0, 0.02))),
+                      token_rate=1 / (base * ratio), ttft=0.1, requests=4, running=1.0)
+        comp.add(LiveWindow(offered_load=offered, control=c, canary=k))
+    return comp.results()
+
+
+def healthy():
+    return ArmWindow(per_token_latency=0.02, token_rate=50.0, ttft=0.1, requests=30, errors=0)
+
+
+def test_preflight_fixes_the_split_and_the_arms_join_with_their_replicas():
+    w = live_world()
+    _, w = run(w)
+    plan, w = run(replace(w, preflight=CANDIDATE), preflight=None)
+    assert w.status.phase == Phase.Launching
+    # 10% of a 10-pod fleet with surge: one pod per arm is 1/12 = 8.33%, two would be 14.3%
+    assert w.status.progress.live_arm_replicas == 1
+    assert w.status.live.arm_replicas == 1 and w.status.live.share == pytest.approx(1 / 12, abs=1e-6)
+    assert "Service serving/chat" in w.status.live.message and "8.33%" in w.status.live.message
+    roles = [a for a in plan.actions if a.kind == K.ENSURE_ROLES]
+    assert roles and all(a.replicas == 1 for a in roles)
+
+
+def test_a_bigger_fleet_gets_more_replicas_per_arm():
+    w = live_world(targets=[replace(FLEET[0], replicas=40)])
+    _, w = run(w)
+    plan, w = run(replace(w, preflight=CANDIDATE), preflight=None)
+    assert w.status.progress.live_arm_replicas == 5  # 5 / (40 + 2 x 5) = 10% exactly
+    assert [a.replicas for a in plan.actions if a.kind == K.ENSURE_ROLES] == [5]
+
+
+@pytest.mark.parametrize("edit,field", [
+    (dict(live_service=None, live_service_refusal="service: no Service in namespace serving selects the pods"),
+     "spec.load.split"),
+    (dict(spec=example_spec(**{"load.mode": "live", "load.livePercent": "5%"})), "spec.load.livePercent"),
+])
+def test_a_split_that_cannot_be_made_fails_naming_the_field_and_creates_nothing(edit, field):
+    w = live_world(**edit)
+    if "spec" in edit:
+        w = replace(w, fingerprint=w.spec.fingerprint())
+    _, w = run(w)
+    plan, w = run(replace(w, preflight=CANDIDATE), preflight=None)
+    assert w.status.phase == Phase.Failed
+    c = cond(w.status, ConditionType.Accepted)
+    assert c.status == "False" and c.reason == "LiveSplitRefused" and field in c.message
+    assert K.ENSURE_ROLES not in kinds(plan) and K.RELEASE in kinds(plan)
+
+
+def test_measuring_keeps_the_table_checks_the_abort_every_check_interval_and_decides_when_settled():
+    w = to_live_measuring(live_world())
+    edges = live_measure.edges_from_rate(4.0)
+    pending = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(),
+                              control_recent=healthy(), edges=edges)
+    plan, w = run(replace(at(w, 30), live=pending), live=None)
+    assert w.status.phase == Phase.Measuring
+    assert w.status.progress.live_edges == list(edges)
+    assert plan.requeue_after == SPEC.analysis.abort.check_interval.total_seconds()
+    assert cond(w.status, ConditionType.CanaryHealthy).status == "True"
+    assert [s.outcome for s in w.status.live.strata if s.windows] == ["Pending"]
+    # settled before stepDuration: measures on; after it: Deciding
+    settled = LiveMeasurement(windows=30, results=results(0.6), canary_recent=healthy(), control_recent=healthy())
+    _, w2 = run(replace(at(w, 60), live=settled), live=None)
+    assert w2.status.phase == Phase.Measuring
+    _, w3 = run(replace(at(w, SPEC.load.step_duration.total_seconds() + 1), live=settled), live=None)
+    assert w3.status.phase == Phase.Deciding
+    assert w3.status.progress.live_edges == list(edges)  # fixed once, never re-read
+    row = next(s for s in w3.status.live.strata if s.windows)
+    assert row.outcome == "Wins" and row.latency_change < -0.3 and row.requests_canary == 120
+
+
+def test_a_canary_that_fails_requests_is_aborted_at_once_and_the_fleet_is_untouched():
+    w = to_live_measuring(live_world())
+    failing = ArmWindow(per_token_latency=0.02, token_rate=50.0, ttft=0.1, requests=6, errors=4)
+    m = LiveMeasurement(windows=2, results=results(1.0, n=2), canary_recent=failing, control_recent=healthy())
+    plan, w = run(replace(at(w, 40), live=m), live=None)
+    assert w.status.phase == Phase.RolledBack
+    c = cond(w.status, ConditionType.CanaryHealthy)
+    assert c.status == "False" and c.reason == "CanaryErrorRate" and "maxErrorRateIncrease" in c.message
+    assert K.DELETE_ROLES in kinds(plan) and K.RESTORE not in kinds(plan) and K.PROMOTE not in kinds(plan)
+    assert ("Warning", "CanaryErrorRate") in [(t, r) for t, r, _ in plan.events]
+    assert w.status.live.abort and w.status.live.aborted_at == T0 + timedelta(seconds=40)
+    assert "the fleet was not touched" in w.status.message
+
+
+def test_one_failed_request_does_not_abort():
+    w = to_live_measuring(live_world())
+    one = ArmWindow(per_token_latency=0.02, token_rate=50.0, ttft=0.1, requests=1, errors=1)
+    m = LiveMeasurement(windows=1, results=results(1.0, n=1), canary_recent=one, control_recent=healthy())
+    _, w = run(replace(at(w, 20), live=m), live=None)
+    assert w.status.phase == Phase.Measuring
+
+
+def test_no_data_by_the_deadline_is_inconclusive_never_a_win():
+    w = to_live_measuring(live_world())
+    m = LiveMeasurement(windows=4, results=results(0.5, n=4), canary_recent=healthy(), control_recent=healthy())
+    _, w = run(replace(at(w, SPEC.analysis.deadline.total_seconds() + 1), live=m), live=None)
+    assert w.status.phase == Phase.Deciding
+    d = live_measure.decision(SPEC, w.status, max_batch_size=32)
+    assert d.action == DecisionAction.Inconclusive and "lookahead stays off" in d.reason
+
+
+def _decided(ratio, max_batch=32):
+    w = to_live_measuring(live_world())
+    m = LiveMeasurement(windows=30, results=results(ratio), canary_recent=healthy(), control_recent=healthy())
+    _, w = run(replace(at(w, SPEC.load.step_duration.total_seconds() + 1), live=m), live=None)
+    assert w.status.phase == Phase.Deciding
+    return live_measure.decision(SPEC, w.status, max_batch_size=max_batch), w
+
+
+def test_a_win_at_the_fleets_load_is_promoted_regime_aware_up_to_the_batch_it_was_measured_at():
+    d, w = _decided(0.6)
+    assert d.action == DecisionAction.PromoteRegimeAware
+    assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 1, True), (2, 32, False)]
+    assert "running batch of 1" in d.reason
+    plan, w = run(replace(w, decision=d))
+    assert w.status.phase == Phase.Promoting
+
+
+def test_a_loss_at_the_fleets_load_rolls_back():
+    d, w = _decided(1.5)
+    assert d.action == DecisionAction.Rollback
+    _, w = run(replace(w, decision=d))
+    assert w.status.phase == Phase.RolledBack
+
+
+def test_edges_put_the_fleets_load_in_the_middle_of_a_stratum_one_per_doubling():
+    edges = live_measure.edges_from_rate(4.0)
+    assert len(edges) == 4 and all(b == pytest.approx(2 * a) for a, b in zip(edges, edges[1:]))
+    s = Strata(edges)
+    lo, hi = s.bounds(s.index(4.0))
+    assert lo < 4.0 < hi and hi / 4.0 == pytest.approx(4.0 / lo)
+    assert live_measure.edges_from_rate(0.0) == () and live_measure.edges_from_rate(None) == ()
+
+
+def test_an_arm_window_from_prometheus_counters():
+    from lookahead_operator.measurement.prometheus import RoleSample
+
+    s = RoleSample(per_token_latency_s=0.02, output_tokens=400.0, seconds=10.0, started=5.0, ttft_s=0.2,
+                   request_seconds=8.0)
+    a = live_measure.arm_window(s, errors=1)
+    assert a.per_token_latency == 0.02 and a.ttft == 0.2 and a.requests == 5 and a.errors == 1
+    assert a.token_rate == pytest.approx(50.0) and a.running == pytest.approx(0.8)
+    stall = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=2.0))
+    assert stall.token_rate == 0.0 and stall.per_token_latency is None
+
+
+def test_the_arm_pods_join_the_service_and_keep_their_role_label():
+    target = {"metadata": {"name": "a", "namespace": "serving"},
+              "spec": {"selector": {"matchLabels": {"app": "chat"}},
+                       "template": {"metadata": {"labels": {"app": "chat", "tier": "gpu"}}}}}
+    other = {"metadata": {"name": "batch", "namespace": "serving"}, "spec": {"selector": {"app": "batch"}}}
+    assert livesplit.fleet_service([other, SERVICE], target) is SERVICE
+    with pytest.raises(livesplit.LiveSplitError, match="spec.load.split"):
+        livesplit.fleet_service([other], target)
+
+
+def test_arm_replicas_are_the_splits_in_live_mode_and_canary_replicas_otherwise():
+    status = LookaheadPolicyStatus()
+    assert livesplit.arm_replicas(SPEC, status.progress) == SPEC.canary.replicas
+    status.progress.live_arm_replicas = 3
+    assert livesplit.arm_replicas(SPEC, status.progress) == 3
+    sweep = example_spec()
+    assert livesplit.arm_replicas(sweep, status.progress) == sweep.canary.replicas
