@@ -17,6 +17,11 @@ that forwards events into an asyncio queue with ``loop.call_soon_threadsafe``.
 ``SimulatedDecoder`` is the ``--backend simulate`` decoder: the roofline simulator decides how
 long each step takes and how many tokens each sequence gets, and the decoder really waits that
 long, so everything downstream (streaming, metrics, Prometheus) sees realistic latencies.
+
+A decoder may report one sequence of a step as failed (``SequenceError`` in place of its
+output; the simulated decoder does so for the injected ``SimConfig.speculative_error_rate``):
+that request alone ends as an engine error (``ErrorEvent``, finished_reason ``abort``, its batch
+slot freed) and the loop goes on with the others.
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ class ErrorEvent:
 
 
 Event = TokenEvent | FinishEvent | ErrorEvent
+
+
+@dataclass
+class SequenceError:
+    """What a decoder's ``step`` returns, in place of a sequence's output, for a sequence that
+    failed in that step: its request ends as an engine error, the other sequences go on."""
+
+    message: str
 
 
 class Tokenizer(Protocol):  # the part of a transformers tokenizer we use
@@ -303,6 +316,9 @@ class Scheduler:
             req = snapshot.get(seq_id)
             if req is None:
                 continue
+            if isinstance(out, SequenceError):
+                self._fail(req, out.message, now)
+                continue
             self.metrics.observe_spec(int(getattr(out, "draft_tokens", 0) or 0),
                                       int(getattr(out, "accepted_draft_tokens", 0) or 0))
             reason = self._deliver(req, list(out.new_tokens), now, step_seconds)
@@ -359,6 +375,14 @@ class Scheduler:
         req.last_token = now
         self._emit(req, TokenEvent("".join(text), kept))
         return reason
+
+    def _fail(self, req: GenerationRequest, message: str, now: float) -> None:
+        """One request's engine error: free its slot, tell its client, count it as finished_reason
+        abort. Its time to first token was observed only if a token reached it before."""
+        log.warning("request %s failed in the decoder: %s", req.request_id, message)
+        self._drop(req)
+        self._emit(req, ErrorEvent(message))
+        self._finish(req, "abort", now, emit=False)
 
     def _drop(self, req: GenerationRequest) -> None:
         with self._cond:
@@ -469,6 +493,7 @@ class SimStepOutput:
 class _SimSeq:
     remaining: int
     next_id: int
+    speculated: bool = False  # has taken a speculating step (its speculative_error_rate draw is made)
 
 
 class SimulatedDecoder:
@@ -479,6 +504,11 @@ class SimulatedDecoder:
     step began (the simulator's ``time_scale`` shrinks it for tests), and emits that many
     tokens per sequence, cycling through the simulated vocabulary from a start that depends on
     the prompt. It never emits EOS: sequences end at ``max_tokens`` or on a stop string.
+
+    Injected fault (``SimConfig.speculative_error_rate``): at a sequence's first step that really
+    speculates (``simulator.speculates(speculate)``), ``simulator.sample_speculative_error()``
+    decides once whether it fails; a failing sequence gets no tokens from that step, leaves the
+    batch, and its output is a ``SequenceError``. Steps that do not speculate never fail a sequence.
     """
 
     def __init__(self, simulator: Any, vocab_size: int = len(SIM_WORDS),
@@ -512,14 +542,23 @@ class SimulatedDecoder:
     def remove(self, seq_id: str) -> None:
         self._seqs.pop(seq_id, None)
 
-    def step(self, speculate: bool = True) -> dict[str, SimStepOutput]:
+    def step(self, speculate: bool = True) -> dict[str, SimStepOutput | SequenceError]:
         if not self._seqs:
             return {}
         t0 = time.monotonic()
         sim = self.simulator.decode_step(len(self._seqs), speculate)
         self._wait_until(t0 + float(sim.seconds))
-        out = {}
+        speculating = bool(self.simulator.speculates(speculate))
+        out: dict[str, SimStepOutput | SequenceError] = {}
         for i, (seq_id, seq) in enumerate(list(self._seqs.items())):
+            if speculating and not seq.speculated:
+                seq.speculated = True
+                if self.simulator.sample_speculative_error():
+                    del self._seqs[seq_id]
+                    out[seq_id] = SequenceError(
+                        "speculative decoding failed for this request (simulated fault: "
+                        f"speculative_error_rate={self.simulator.config.speculative_error_rate})")
+                    continue
             produced = max(1, int(sim.accepted_tokens[i]))
             k = min(produced, seq.remaining)
             tokens = [(seq.next_id + j) % self.vocab_size for j in range(k)]

@@ -26,6 +26,12 @@ This reproduces the known LLM effect: at batch 1 decode is memory-bound, the ext
 almost free and lookahead cuts per-token latency; as the batch grows the step becomes
 compute-bound, the extra FLOPs cost real time, the gain shrinks and finally reverses into a
 throughput loss.
+
+An injected fault for tests of a rollout's safety abort: with `speculative_error_rate` > 0, a
+request fails (an engine error) with that probability on its first step that really speculates,
+decided once per request with the simulator's seeded RNG (`sample_speculative_error`); a request
+whose steps never speculate (method "greedy", or speculate=False) never fails. The decision is the
+decoder's to apply (scheduler.SimulatedDecoder); at the default 0 nothing is drawn.
 """
 
 from __future__ import annotations
@@ -107,6 +113,12 @@ class SimConfig:
 
     `method` is what a speculating step does ("greedy" never speculates). `acceptance` is the
     per-draft-token acceptance probability of the truncated geometric distribution.
+
+    `speculative_error_rate` (an injected fault, default 0: none) is the probability that a request
+    fails at its first step that really speculates, decided once per request with the seeded RNG.
+    The engine ends such a request as an error (HTTP 500, or an SSE error event mid-stream), counts
+    it in `vllm:request_success_total{finished_reason="abort"}`, and has observed its time to first
+    token only if a token reached it before (from steps taken with speculate=False).
     """
 
     gpu: str = "a100-80gb"
@@ -123,6 +135,8 @@ class SimConfig:
     drift_period_s: float = 5.0
     time_scale: float = 1.0
     spec_overhead_s: float = 0.5e-3  # extra fixed cost of a speculating step (pool lookup, masks)
+    # injected fault: probability that a request fails at its first speculating step (0: never)
+    speculative_error_rate: float = 0.0
     # explicit overrides of the presets (None: use the preset)
     hbm_bandwidth: float | None = None
     flops: float | None = None
@@ -152,6 +166,9 @@ class SimConfig:
             raise ValueError("noise_sigma >= 0, time_scale > 0, context_tokens >= 0")
         if self.drift_sigma < 0 or self.drift_period_s <= 0:
             raise ValueError("drift_sigma >= 0, drift_period_s > 0")
+        if not 0.0 <= self.speculative_error_rate <= 1.0:
+            raise ValueError(
+                f"speculative_error_rate must be in [0, 1], got {self.speculative_error_rate!r}")
 
     # -- resolved hardware / model ---------------------------------------------------------
     @property
@@ -263,6 +280,10 @@ class RooflineSimulator:
     def _speculating(self, speculate: bool) -> bool:
         return speculate and self.config.method != "greedy"
 
+    def speculates(self, speculate: bool) -> bool:
+        """Whether a step asked to speculate really does (never with method "greedy")."""
+        return self._speculating(speculate)
+
     def expected_step_seconds(self, batch_size: int, speculate: bool) -> float:
         """Median step time (noise has median 1), scaled by time_scale."""
         _check_batch(batch_size)
@@ -332,6 +353,15 @@ class RooflineSimulator:
             accepted_tokens=[int(x) for x in accepted],
             draft_tokens=[drafts] * batch_size,
         )
+
+    def sample_speculative_error(self) -> bool:
+        """Whether a request fails at its first speculating step: True with probability
+        `speculative_error_rate`, one draw of the seeded RNG (none at rate 0, so the default leaves
+        every other draw as it was)."""
+        rate = self.config.speculative_error_rate
+        if rate <= 0.0:
+            return False
+        return bool(self._rng.random() < rate)
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
         """One prefill of `prompt_tokens`: compute-bound for long prompts, weight reads for short."""
