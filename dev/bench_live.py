@@ -35,8 +35,15 @@ The fleet and its pods (per window w, per seed):
   the throughput measurement noise; 0 in a stall, NaN when idle), TTFT (prefill plus half a step,
   x f, plus any queue wait; NaN without arrivals), requests routed (Poisson), errors (0.1% of
   requests and the dropped ones) and the running batch B.
-- *Safety abort* (`apply_abort`, the simplest form of the issue's item 3): the canary's TTFT above
-  4x the control's for 6 consecutive windows (30 s) ends the run RolledBack (every stratum).
+- *Safety abort* (`apply_abort`): the operator's rule, `controller.livesplit.abort_reason`, with
+  `AbortSpec()`'s defaults (``analysis.abort``: read from the model, not copied). Every
+  ``checkInterval`` of simulated time each arm's last ``window`` of windows is folded into one
+  `ArmWindow` (`abort_windows`: the arm's requests and failed requests summed over its pods, the
+  per-token latency weighted by tokens, as a histogram's ``_sum / _count`` over the window reads
+  it, TTFT weighted by requests) and the first check that `abort_reason` answers ends the run
+  RolledBack (every stratum). `abort_checks` is that rule over seeds and checks at once; it is
+  checked against `abort_reason` check by check on every ABORT_CHECK_EVERY-th scenario of every run
+  (`check_abort_against_operator`) and on random inputs in the unit tests.
 
 Ground truth per stratum, from the known curves: at offered load lambda a fully promoted fleet has
 every pod at lambda (no router imbalance), so the truth of window w is
@@ -68,6 +75,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from lookahead_canary.simulator import RooflineSimulator, SimConfig
+from lookahead_operator.api.spec import AbortSpec
+from lookahead_operator.controller.livesplit import AbortSignal, abort_reason
 from lookahead_operator.measurement.stats import (ArmWindow, LiveComparison, LiveWindow, PairedComparison, Strata,
                                                   StratumOutcome, Thresholds, live_thresholds, read_run)
 
@@ -84,9 +93,9 @@ POOL_ARRIVAL_NOISE = 0.5
 FREEZE = False
 STRATA_RATIO = 2.0
 ERROR_RATE = 0.001
-ABORT_TTFT_FACTOR = 4.0
 PEAK_UTILISATION = 0.8  # the peak offered load, as a share of the slower arm's capacity
-ABORT_WINDOWS = 6  # 30 s of 5 s windows: "seconds to a minute"
+ABORT = AbortSpec()  # the safety abort at the CRD's defaults (analysis.abort)
+ABORT_CHECK_EVERY = 100  # every 100th scenario's abort is checked against abort_reason check by check
 QUEUE_TIMEOUT_S = 30.0  # a request waiting longer is dropped by its client (an error)
 TTFT_NOISE = 0.10
 BATCH_RANGE = (1.0, 32.0)  # the control's batch over the schedules (the planned sweep's range)
@@ -429,24 +438,145 @@ def check_against_live_code(th: Thresholds, rng: np.random.Generator, seeds: int
                                          f"{outcome[s, r.index]} after {reads[s, r.index]}")
 
 
-def apply_abort(st: LiveStreams) -> np.ndarray:
-    """The safety abort (issue 26, item 3, in its simplest form): the canary's TTFT above
-    ABORT_TTFT_FACTOR x the control's in ABORT_WINDOWS consecutive windows removes its share at
-    once and the run ends RolledBack. Blanks both arms' values from the abort on (no more pairs;
-    the offered load stays, so strata are still counted as the load visited them) and returns
-    which seeds aborted."""
-    with np.errstate(invalid="ignore"):
-        bad = (st.canary.ttft > ABORT_TTFT_FACTOR * st.control.ttft).astype(int)
-    run = np.zeros(bad.shape[0], dtype=int)
-    first = np.full(bad.shape[0], bad.shape[1])
-    for w in range(bad.shape[1]):
-        run = np.where(bad[:, w] == 1, run + 1, 0)
-        first = np.where((run >= ABORT_WINDOWS) & (first == bad.shape[1]), w, first)
-    after = np.arange(bad.shape[1])[None, :] >= first[:, None]
+# --- the safety abort: the operator's rule ------------------------------------------------------
+
+#: `abort_checks`' codes: 0 no abort, then the signals in `abort_reason`'s order
+ABORT_SIGNALS = (None, AbortSignal.errors, AbortSignal.ttft, AbortSignal.token_latency)
+
+
+@dataclass
+class ArmWindows:
+    """`ArmWindow`'s fields as arrays, one entry per (seed, check): an arm over the abort's window
+    read at each check. NaN where `ArmWindow` has None; requests and errors are integers."""
+
+    per_token_latency: np.ndarray
+    token_rate: np.ndarray
+    ttft: np.ndarray
+    requests: np.ndarray
+    errors: np.ndarray
+    running: np.ndarray
+
+    def at(self, s: int, j: int) -> ArmWindow:
+        """Seed s, check j as the record `abort_reason` reads."""
+        val = lambda x: float(x) if np.isfinite(x) else None  # noqa: E731
+        return ArmWindow(val(self.per_token_latency[s, j]), val(self.token_rate[s, j]), val(self.ttft[s, j]),
+                         int(self.requests[s, j]), int(self.errors[s, j]), val(self.running[s, j]))
+
+
+def _steps(d, what: str) -> int:
+    """A duration of the abort spec in bench windows (it must be a whole number of them)."""
+    n = d.total_seconds() / WINDOW_S
+    if n < 1 or abs(n - round(n)) > 1e-9:
+        raise ValueError(f"analysis.abort.{what} {d} is not a whole number of {WINDOW_S:g} s windows")
+    return int(round(n))
+
+
+def abort_check_ends(n: int, abort: AbortSpec = ABORT) -> np.ndarray:
+    """The checks' times in windows: one every ``abort.checkInterval`` of the stream, the check at
+    end e reading windows [e - window, e) (fewer at the start: the stream so far)."""
+    every = _steps(abort.check_interval, "checkInterval")
+    return np.arange(every, n + 1, every)
+
+
+def abort_windows(a: Arm, abort: AbortSpec = ABORT) -> ArmWindows:
+    """The arm over the last ``abort.window`` of the stream at each check, (seeds, checks):
+
+    * ``requests``, ``errors``: requests routed to the arm's pods and those that failed, summed over
+      the pods and the windows (what the arm's counters' increase over the window reads);
+    * ``per_token_latency``: weighted by tokens, as the histogram's ``_sum / _count`` increase over the
+      window reads it: a window's tokens are its request-seconds in flight over its per-token
+      latency (ARM_PODS x running x WINDOW_S / lat), so the mean is request-seconds over tokens;
+      windows without a token (idle, stalled) add none; NaN when no window had one;
+    * ``ttft``: weighted by the requests started in each window; NaN when none was;
+    * ``token_rate``: tokens per request-second in flight (a stall's request-seconds count, with no
+      tokens); ``running``: the mean running batch. `abort_reason` reads neither.
+    """
+    win = _steps(abort.window, "window")
+    ends = abort_check_ends(a.lat.shape[1], abort)
+
+    def fold(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        pad = np.concatenate([np.zeros((x.shape[0], win)), x], axis=1)
+        return np.lib.stride_tricks.sliding_window_view(pad, win, axis=1)[:, ends, :].sum(axis=2)
+
+    def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, fold(num) / np.where(den > 0, den, 1.0), np.nan)
+
+    requests = np.rint(a.requests * ARM_PODS)
+    in_flight = ARM_PODS * a.running * WINDOW_S  # request-seconds per window
+    has_lat = np.isfinite(a.lat) & (a.lat > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tokens = np.where(has_lat, in_flight / np.where(has_lat, a.lat, 1.0), 0.0)
+    has_ttft = np.isfinite(a.ttft)
+    has_rate = np.isfinite(a.rate)
+    seen = np.minimum(ends, win)
+    return ArmWindows(
+        per_token_latency=ratio(np.where(has_lat, in_flight, 0.0), fold(tokens)),
+        token_rate=ratio(np.where(has_rate, a.rate * in_flight, 0.0), fold(np.where(has_rate, in_flight, 0.0))),
+        ttft=ratio(np.where(has_ttft, a.ttft * requests, 0.0), fold(np.where(has_ttft, requests, 0.0))),
+        requests=np.rint(fold(requests)).astype(np.int64),
+        errors=np.rint(fold(np.rint(a.errors))).astype(np.int64),
+        running=fold(a.running) / seen[None, :])
+
+
+def abort_checks(canary: ArmWindows, control: ArmWindows, abort: AbortSpec = ABORT) -> np.ndarray:
+    """`abort_reason` at every (seed, check) at once: the index in ABORT_SIGNALS of its answer's
+    signal, 0 where it answers None. The same comparisons in the same order and float operations
+    (checked against it on random inputs in the unit tests, and in every run on the streams of
+    every ABORT_CHECK_EVERY-th scenario)."""
+
+    def served(a: ArmWindows) -> np.ndarray:
+        return np.maximum(np.maximum(a.requests, a.errors), 0)
+
+    def error_rate(a: ArmWindows) -> np.ndarray:
+        n = served(a)
+        return np.where(n > 0, np.minimum(1.0, np.maximum(0, a.errors) / np.maximum(n, 1)), 0.0)
+
+    sc, sk = served(canary), served(control)
+    errors = (((sc >= abort.min_requests) | (canary.errors >= abort.min_errors))
+              & (error_rate(canary) - error_rate(control) > abort.max_error_rate_increase + 1e-12))
+    enough = (sc >= abort.min_requests) & (sk >= abort.min_requests)
+
+    def above(c: np.ndarray, k: np.ndarray, rise: float) -> np.ndarray:
+        ok = enough & np.isfinite(c) & np.isfinite(k) & (k > 0)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return ok & ~(np.where(ok, c, 1.0) / np.where(ok, k, 1.0) <= 1.0 + rise)
+
+    ttft = above(canary.ttft, control.ttft, abort.max_ttft_regression)
+    token = above(canary.per_token_latency, control.per_token_latency, abort.max_token_latency_regression)
+    return np.select([errors, ttft, token], [1, 2, 3], 0)
+
+
+def apply_abort(st: LiveStreams, abort: AbortSpec = ABORT) -> np.ndarray:
+    """The safety abort, the operator's rule (`abort_reason`) at ``abort``: at every check the
+    first that answers removes the canary's share at once and the run ends RolledBack. Blanks both
+    arms' values from the check on (no more pairs; the offered load stays, so strata are still
+    counted as the load visited them) and returns, per seed, the ABORT_SIGNALS index of the signal
+    that aborted it (0: not aborted)."""
+    codes = abort_checks(abort_windows(st.canary, abort), abort_windows(st.control, abort), abort)
+    ends = abort_check_ends(st.offered.shape[1], abort)
+    hit = codes > 0
+    fired = hit.any(axis=1)
+    j = hit.argmax(axis=1)
+    first = np.where(fired, ends[j], st.offered.shape[1])
+    after = np.arange(st.offered.shape[1])[None, :] >= first[:, None]
     for a in (st.control, st.canary):
         for f in ("lat", "rate", "ttft"):
             setattr(a, f, np.where(after, np.nan, getattr(a, f)))
-    return first < bad.shape[1]
+    return np.where(fired, codes[np.arange(codes.shape[0]), j], 0)
+
+
+def check_abort_against_operator(st: LiveStreams, abort: AbortSpec = ABORT) -> None:
+    """`abort_checks` must answer as `abort_reason` does, check by check, on these streams."""
+    canary, control = abort_windows(st.canary, abort), abort_windows(st.control, abort)
+    codes = abort_checks(canary, control, abort)
+    for s in range(codes.shape[0]):
+        for j in range(codes.shape[1]):
+            r = abort_reason(canary.at(s, j), control.at(s, j), abort)
+            if ABORT_SIGNALS[codes[s, j]] != (r.signal if r else None):
+                raise AssertionError(f"vectorised abort disagrees with abort_reason at seed {s}, check {j}: "
+                                     f"{ABORT_SIGNALS[codes[s, j]]} against {r}")
 
 
 def live_strata(curves: Curves) -> Strata:
@@ -473,7 +603,7 @@ class Units:
     aborted: int = 0
     runs: int = 0
     policy_router: list = field(default_factory=list)
-    aborted_router: list = field(default_factory=list)
+    aborted_router: list = field(default_factory=list)  # (router, ABORT_SIGNALS index: 0 not aborted) per run
 
 
 def deserves(log_ratio: np.ndarray, th: Thresholds) -> np.ndarray:
@@ -491,13 +621,16 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
     scenarios = scenarios if scenarios is not None else live_scenarios()
     u = Units([], {m: [] for m in METHODS}, {m: [] for m in METHODS}, [], {m: [] for m in METHODS})
     cache: dict = {}
-    for sc in scenarios:
+    for i, sc in enumerate(scenarios):
         if sc.label not in cache:
             curves = Curves(sc.config)
             cache[sc.label] = (curves, live_strata(curves))
         curves, strata = cache[sc.label]
         st = make_live_streams(sc, curves, seeds, rng)
-        aborted = apply_abort(st)
+        if i % ABORT_CHECK_EVERY == 0:
+            check_abort_against_operator(st)
+        abort_codes = apply_abort(st)
+        aborted = abort_codes > 0
         u.aborted += int(aborted.sum())
         u.runs += seeds
         ours, ours_reads, windows = run_ours(st, strata, th)
@@ -528,7 +661,7 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
             u.reads[name].append(rd[sel])
             u.policy[name].append(_policy(out, visited, truth, th))
         u.policy_router.extend([sc.router] * seeds)
-        u.aborted_router.extend([(sc.router, bool(a)) for a in aborted])
+        u.aborted_router.extend([(sc.router, int(c)) for c in abort_codes])
     return u
 
 
@@ -583,8 +716,10 @@ def live_report(u: Units, th: Thresholds, seeds: int, n_scenarios: int) -> dict:
     out["seeds"] = seeds
     out["units"] = summary["units"]
     out["strata_below_min_windows"] = round(u.unvisited / max(u.strata_total, 1), 5)
-    ab = np.array([a for r, a in u.aborted_router if r in HEADLINE_ROUTERS], dtype=bool)
-    out["aborted_runs"] = round(float(ab.mean()) if ab.size else 0.0, 5)
+    ab = np.array([c for r, c in u.aborted_router if r in HEADLINE_ROUTERS], dtype=int)
+    out["aborted_runs"] = round(float((ab > 0).mean()) if ab.size else 0.0, 5)
+    out["aborted_by"] = {str(sig): round(float((ab == i).mean()) if ab.size else 0.0, 5)
+                         for i, sig in enumerate(ABORT_SIGNALS) if sig is not None}
     keys = np.array([f"{a} {b}" for a, b, _ in u.scenario])
     out["by_schedule_router"] = {}
     for k in sorted(set(keys.tolist())):
