@@ -60,6 +60,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import logging
 import threading
 import time
@@ -548,13 +549,15 @@ def check_decision(policy: Mapping, strict: bool = True) -> list[str]:
         return []
     pkey = policy_key(policy)
     what = f"policy {pkey}: decision {action} ({decision.get('id') or 'no id'})"
+    spec = parse_spec(policy)
+    if spec is not None and spec.load.mode == "live":
+        return check_live_decision(policy, spec, what)
     planned = planned_batch_sizes(policy)
     rows = {int(r.get("batchSize")): r for r in status.get("batches") or [] if r.get("batchSize") is not None}
     if not planned:
         planned = sorted(rows)
     if not planned:
         return [f"{what} without a single planned or measured batch size"]
-    spec = parse_spec(policy)
     need = spec.load.min_samples_per_step if spec is not None else 1
     if action == DecisionAction.Promote.value:
         last_on = max(planned)
@@ -579,6 +582,34 @@ def check_decision(policy: Mapping, strict: bool = True) -> list[str]:
         elif strict and verdict not in SETTLED_VERDICTS:
             out.append(f"{what} without a settled verdict at planned batch size {size} ({verdict})")
     return out
+
+
+def check_live_decision(policy: Mapping, spec, what: str) -> list[str]:
+    """Live mode's promotion needs, in ``status.live``, a run of ``Wins`` strata (each over at least
+    ``load.minSamplesPerStep`` windows) from the lowest stratum the traffic visited, and lookahead on
+    no further than the control's mean running batch (rounded up) in the busiest of them: a
+    promotion is never backed by a Pending stratum or by load it was not measured at."""
+    status = policy.get("status") or {}
+    decision = status.get("decision") or {}
+    need = spec.load.min_samples_per_step
+    strata = [s for s in (status.get("live") or {}).get("strata") or [] if int(s.get("windows") or 0) >= need]
+    if not strata:
+        return [f"{what} without a live stratum of {need} windows or more"]
+    run = []
+    for s in sorted(strata, key=lambda s: float(s.get("offeredLow") or 0)):
+        if s.get("outcome") != "Wins":
+            break
+        run.append(s)
+    if not run:
+        return [f"{what} though the lowest live stratum visited is {strata[0].get('outcome')}, not Wins"]
+    busiest = max(float(s.get("controlRunning") or 0) for s in run)
+    on = [int(r.get("end")) for r in decision.get("regime") or [] if r.get("enabled")]
+    if not on:
+        return [f"{what} has no enabled regime range"]
+    if max(on) > max(1, math.ceil(busiest - 1e-9)):
+        return [f"{what} turns lookahead on up to batch size {max(on)}, beyond the control's running batch "
+                f"{busiest:.2f} at the busiest winning load"]
+    return []
 
 
 # --- (d) phase transitions --------------------------------------------------------------------------

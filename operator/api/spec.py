@@ -653,11 +653,12 @@ class LoadSpec(ApiModel):
     """How canary and control are driven.
 
     ``sweep``: the operator's load generator runs closed-loop at each batch size (concurrency)
-    for ``stepDuration``. ``live`` (refused at run time in this version: the API is in place, the
-    wiring is not): canary and control each take ``livePercent`` of the fleet's real traffic
-    (required in this mode), split by ``split``: ``service`` (the arm pods join the fleet's Service;
-    the share follows from replica counts) or ``gatewayAPI`` (the weights of a rule of your
-    HTTPRoute, ``gatewayAPI``). docs/operator.md, "Live mode (planned)".
+    for ``stepDuration``. ``live``: canary and control each take ``livePercent`` of the fleet's real
+    traffic (required in this mode), split by ``split``: ``service`` (the arm pods join the fleet's
+    Service; the share follows from replica counts; ``stepDuration`` is the least time measured,
+    ``minSamplesPerStep`` the windows a stratum needs) or ``gatewayAPI`` (the weights of a rule of
+    your HTTPRoute, ``gatewayAPI``: refused at run time in this version, its wiring is not there).
+    docs/operator.md, "Live mode".
 
     ``batchSizes`` omitted (or empty) means *auto*: from the fleet's own running-request
     quantiles, plus 1. (A CRD field cannot be "the string auto or a list" and stay structural
@@ -695,7 +696,8 @@ class LoadSpec(ApiModel):
     step_duration: Duration = Field(
         default="2m", description="How long each batch size is measured; a step whose answer is still unclear "
                                   "measures on, up to its share of analysis.deadline (deadline / batch sizes) and "
-                                  "the time the batch sizes before it left.")
+                                  "the time the batch sizes before it left. Live mode: the least time measured "
+                                  "before a decision.")
     warmup: Duration = Field(default="30s", description="Discarded at the start of each step.")
     min_samples_per_step: int = Field(
         default=10, ge=2, le=10000,
@@ -1006,8 +1008,7 @@ class AbortSpec(ApiModel):
       (100% = twice), both arms having served ``minRequests``.
 
     No confidence interval: these are tripwires for a canary that hurts users, far beyond what the
-    decision measures, and they act within seconds. Used by ``load.mode: live`` (refused at run time
-    in this version).
+    decision measures, and they act within seconds. Used by ``load.mode: live``.
     """
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [

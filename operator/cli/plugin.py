@@ -276,7 +276,10 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
     out += _wrap(head + (f"  {st['message']}" if st.get("message") else ""), width)
 
     rows = status_rows(policy)
-    if rows:
+    live = _live_lines(st, width)
+    if live:
+        out += live
+    elif rows:
         widths = _widths(rows)
         tables = _pack(widths, width)
         if tables is None:
@@ -304,6 +307,49 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
     if isinstance(rollback, dict) and rollback:
         out += _wrap(f"rolled back: {rollback.get('message') or ''}".rstrip(), width)
     return out
+
+
+#: status.live's per-stratum table: (header, width, cell), each row a stratum of offered load.
+_LIVE_COLUMNS: list[tuple[str, int, Callable[[dict], str]]] = [
+    ("load", 12, lambda r: f"[{_fmt(r.get('offeredLow'), '{:.3g}')}, "
+                                      f"{_fmt(r.get('offeredHigh'), '{:.3g}') if r.get('offeredHigh') else 'inf'})"),
+    ("windows", 4, lambda r: _fmt(r.get("windows"), "{}")),
+    ("outcome", 9, lambda r: _fmt(r.get("outcome"), "{}")),
+    ("latency", 7, lambda r: _fmt(_pct(r.get("latencyChange")), "{:+.1f}%")),
+    ("interval %", 14, lambda r: _interval(r.get("latencyInterval"))),
+    ("ttft", 5, lambda r: _fmt(_pct(r.get("ttftChange")), "{:+.0f}%")),
+    ("batch", 9, lambda r: f"{_fmt(r.get('controlRunning'), '{:.1f}')}/{_fmt(r.get('canaryRunning'), '{:.1f}')}"),
+]
+
+
+def _live_lines(st: dict, width: int) -> list[str]:
+    """Live mode: the split in words, then the per-stratum table (offered load per fleet pod per
+    window; the canary's per-token latency and TTFT change vs the control; both arms' mean running
+    batch, control/canary), then the crossover; a table too wide for ``width`` is one line a stratum."""
+    live = st.get("live")
+    if not isinstance(live, dict) or not live:
+        return []
+    out = [""] + _wrap(f"live: {live.get('message') or live.get('split') or ''}".rstrip(), width)
+    out += _wrap("per stratum of offered load (requests per fleet pod per window): the canary's per-token "
+                 "latency and TTFT vs the control's, each arm's mean running batch (control/canary)", width)
+    rows = [r for r in live.get("strata") or [] if isinstance(r, dict)]
+    if not rows:
+        return out + ["no live windows yet", ""]
+    cells = [[cell(r) for _, _, cell in _LIVE_COLUMNS] for r in rows]
+    widths = [max([w, len(h)] + [len(c[i]) for c in cells]) for i, (h, w, _) in enumerate(_LIVE_COLUMNS)]
+    if sum(widths) + GAP * (len(widths) - 1) <= width:
+        line = lambda parts: (" " * GAP).join(p.ljust(w) if i in (0, 2) else p.rjust(w)  # noqa: E731
+                                              for i, (p, w) in enumerate(zip(parts, widths))).rstrip()
+        out += [line([h for h, _, _ in _LIVE_COLUMNS])] + [line(c) for c in cells]
+    else:
+        for c in cells:
+            out += _wrap("  ".join(f"{h} {v}" for (h, _, _), v in zip(_LIVE_COLUMNS, c)), width, indent="    ")
+    if live.get("crossoverOffered") is not None:
+        out += _wrap(f"lookahead stops paying at {live['crossoverOffered']:.3g} requests per pod per window "
+                     f"(the control's running batch there: {_fmt(live.get('crossoverBatch'), '{:.1f}')})", width)
+    if live.get("abort"):
+        out += _wrap(f"aborted: {live['abort']}", width)
+    return out + [""]
 
 
 def _guard_lines(st: dict, width: int) -> list[str]:

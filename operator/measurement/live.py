@@ -4,12 +4,13 @@ pass reads, from Prometheus, every whole ``analysis.sampleInterval`` window sinc
 Per window and arm (``arm_window``, an ``stats.live.ArmWindow``):
 
 * per-token latency: the per-token histogram's ``_sum`` / ``_count`` increase (``role_sample``);
-* the token rate per running request: tokens generated over the request-seconds of the requests
-  that ended in the window (the e2e histogram's ``_sum`` increase): under open-loop traffic a
-  pod's tokens per second follow what users ask, tokens per request-second are what each user gets;
+* the token rate per running request: tokens generated in the window over its request-seconds
+  in flight (the running-requests gauge's mean over the window x its length): under open-loop
+  traffic a pod's tokens per second follow what users ask, tokens per second per request being
+  served are what each user gets;
 * time to first token: the TTFT histogram's ``_sum`` / ``_count`` increase;
-* requests: those that got their first token; running: the request-seconds over the window
-  (Little's law: the mean running batch, reported, never a stratum key).
+* requests: those that got their first token; running: that gauge's mean (an outcome: reported,
+  never a stratum key).
 
 The stratum key is the **fleet's** offered load: requests its own pods (not the arms') started in
 the window, per fleet pod (docs/statistics.md, "Live traffic"). The strata's edges are fixed
@@ -67,18 +68,16 @@ def edges_from_rate(per_window: float | None) -> tuple[float, ...]:
     return tuple(round(per_window * 2 ** (k - 0.5), 6) for k in range(-STRATA_DOUBLINGS + 1, STRATA_DOUBLINGS + 1))
 
 
-def arm_window(s: prometheus.RoleSample, errors: int = 0) -> ArmWindow:
-    """One arm over one window from its Prometheus sample (module docstring)."""
-    started = int(round(s.started or 0.0))
+def arm_window(s: prometheus.RoleSample, running: float | None, errors: int = 0) -> ArmWindow:
+    """One arm over one window from its Prometheus sample and its mean running requests (module
+    docstring)."""
     seconds = s.seconds or 0.0
-    busy = s.request_seconds
     rate = None
-    if busy is not None and busy > 0 and s.output_tokens is not None:
-        rate = s.output_tokens / busy
-    elif started > 0 and s.output_tokens == 0:
-        rate = 0.0  # requests came and no token went out: a stall, counted against the arm
-    return ArmWindow(per_token_latency=s.per_token_latency_s, token_rate=rate, ttft=s.ttft_s, requests=started,
-                     errors=errors, running=(busy / seconds) if busy is not None and seconds > 0 else None)
+    if running is not None and running > 0 and seconds > 0 and s.output_tokens is not None:
+        # 0 when requests were in flight and no token came out: a stall, counted against the arm
+        rate = s.output_tokens / (running * seconds)
+    return ArmWindow(per_token_latency=s.per_token_latency_s, token_rate=rate, ttft=s.ttft_s,
+                     requests=int(round(s.started or 0.0)), errors=errors, running=running)
 
 
 def _fleet_match(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
@@ -89,21 +88,22 @@ def _fleet_match(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], di
 
 
 def _per_pod(prom, names: MetricNames, fleet: tuple[dict, dict], pods: int, t0: float, t1: float) -> float | None:
-    started = prometheus.counter_increase(prom, f"{names.ttft}_count", fleet[0], t0, t1, regex=fleet[1],
-                                          count_ended=True)
-    return None if started is None else started / max(1, pods)
+    """The fleet's requests per second per pod over [t0, t1] (as far as its pods were scraped)."""
+    rate = prometheus.counter_rate(prom, f"{names.ttft}_count", fleet[0], t0, t1, regex=fleet[1])
+    return None if rate is None else rate / max(1, pods)
 
 
 def recent(prom, names: MetricNames, labels: dict[str, str], start: float, end: float) -> ArmWindow:
     """One arm over [start, end] with its failed requests: the abort's window."""
     incs = prometheus.prometheus_increments(prom, names, labels, [start, end])
     sample = prometheus.role_sample(incs[0] if incs else None, names)
+    running = prometheus.gauge_window_means(prom, names.running, labels, [start, end])[0] if names.running else None
     a = datetime.fromtimestamp(start, tz=timezone.utc)
     z = datetime.fromtimestamp(end, tz=timezone.utc)
     finished = finished_by_reason(prom, names.request_success, labels, None, a, z) if names.request_success else None
     errors = int(round(sum(v for r, v in (finished or {}).items() if r in names.error_reasons)))
     served = int(round(sum((finished or {}).values())))
-    w = arm_window(sample, errors)
+    w = arm_window(sample, running, errors)
     return ArmWindow(per_token_latency=w.per_token_latency, token_rate=w.token_rate, ttft=w.ttft,
                      requests=max(w.requests, served), errors=errors, running=w.running)
 
@@ -124,8 +124,7 @@ def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lookahea
     edges = None
     if p.live_edges is None:
         rate = _per_pod(prom, names, fleet, fleet_pods, start - PRE_PERIOD_S, start) if names.ttft else None
-        edges = edges_from_rate(None if rate is None else
-                                rate / PRE_PERIOD_S * spec.analysis.sample_interval.total_seconds())
+        edges = edges_from_rate(None if rate is None else rate * spec.analysis.sample_interval.total_seconds())
     arms = {role: role_labels(policy, role) for role in ("control", "canary")}
     end = scraped_until(prom, names, list(arms.values()), now).timestamp()
     window = spec.analysis.abort.window.total_seconds()
@@ -145,14 +144,18 @@ def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lookahea
         bounds = [t0 + k * interval for k in range(n + 1)]
         incs = {role: prometheus.prometheus_increments(prom, names, labels, bounds) for role, labels in arms.items()}
         fleet_incs = prometheus.prometheus_increments(prom, names, fleet[0], bounds, regex=fleet[1])
+        running = {role: prometheus.gauge_window_means(prom, names.running, labels, bounds) if names.running
+                   else [None] * n for role, labels in arms.items()}
         for i in range(n):
             f = prometheus.role_sample(fleet_incs[i], names)
             if f.started is None:
                 continue  # the fleet's pods were not scraped there: no stratum key
             offered = f.started / max(1, fleet_pods)
             comparison.add(LiveWindow(offered_load=offered,
-                                      control=arm_window(prometheus.role_sample(incs["control"][i], names)),
-                                      canary=arm_window(prometheus.role_sample(incs["canary"][i], names))))
+                                      control=arm_window(prometheus.role_sample(incs["control"][i], names),
+                                                         running["control"][i]),
+                                      canary=arm_window(prometheus.role_sample(incs["canary"][i], names),
+                                                        running["canary"][i])))
     return LiveMeasurement(windows=n, results=comparison.results(), canary_recent=canary_recent,
                            control_recent=control_recent, edges=edges, offered=offered,
                            note="" if n else "no whole window of live traffic yet")

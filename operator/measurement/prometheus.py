@@ -269,7 +269,6 @@ class RoleSample:
     buckets: Mapping[float, float] | None = None
     started: float | None = None   # requests that got their first token (the TTFT histogram's count)
     ttft_s: float | None = None    # their mean time to first token (None when none started)
-    request_seconds: float | None = None  # the e2e histogram's _sum increase: seconds of the requests that ended
 
 
 @dataclass(frozen=True)
@@ -287,7 +286,7 @@ def _counter_names(m: MetricNames) -> list[str]:
     if m.per_token_latency:
         names += [f"{m.per_token_latency}_sum", f"{m.per_token_latency}_count"]
     if m.e2e:
-        names += [f"{m.e2e}_count", f"{m.e2e}_sum"]
+        names.append(f"{m.e2e}_count")
     if m.ttft:
         names += [f"{m.ttft}_count", f"{m.ttft}_sum"]
     if m.decode_time:
@@ -327,8 +326,7 @@ def role_sample(inc: Increments | None, m: MetricNames) -> RoleSample:
         draft_tokens=inc.get(m.draft_tokens), accepted_tokens=inc.get(m.accepted_tokens), drafts=inc.get(m.drafts),
         buckets=dict(inc.buckets) if inc.buckets is not None else None,
         started=inc.get(f"{m.ttft}_count") if m.ttft else None,
-        ttft_s=_ratio(inc.get(f"{m.ttft}_sum"), inc.get(f"{m.ttft}_count")) if m.ttft else None,
-        request_seconds=inc.get(f"{m.e2e}_sum") if m.e2e else None)
+        ttft_s=_ratio(inc.get(f"{m.ttft}_sum"), inc.get(f"{m.ttft}_count")) if m.ttft else None)
 
 
 def _ratio(total: float | None, count: float | None) -> float | None:
@@ -729,6 +727,32 @@ class _Reader:
             vals = [v for t, v in pts if self.start - 1e-9 <= t <= self.end + 1e-9]
             out[labels] = vals
         return out
+
+
+def counter_rate(prom: Any, metric: str, labels: Mapping[str, str], start: float, end: float,
+                 regex: Mapping[str, str] | None = None) -> float | None:
+    """Counter ``metric``'s increase per second over [start, end], summed over the series selected,
+    over the part of the span its samples cover (series born inside it count from their first
+    sample: a fleet that started serving a minute ago has a minute's rate, not a fifth of it);
+    None when nothing was scraped there."""
+    d = _Reader(prom, labels, start, end, regex=regex, count_ended=True).delta(metric)
+    if d is None or not d.series:
+        return None
+    span = d.final_t - max(d.base_t, start)
+    return d.value / span if span > 0 else None
+
+
+def gauge_window_means(prom: Any, metric: str, labels: Mapping[str, str], bounds: Sequence[float],
+                       regex: Mapping[str, str] | None = None) -> list[float | None]:
+    """Per interval between consecutive ``bounds``: the gauge ``metric`` summed over the series
+    ``labels`` and ``regex`` select, each series' mean over its samples in the interval (a pod's
+    mean running requests, added up over the pods); None where no series has a sample there."""
+    series = raw_samples(prom, metric, selector(labels, regex), bounds[0], bounds[-1])
+    out: list[float | None] = []
+    for a, z in zip(bounds, bounds[1:]):
+        means = [sum(v) / len(v) for pts in series.values() if (v := [x for t, x in pts if a < t <= z])]
+        out.append(sum(means) if means else None)
+    return out
 
 
 def counter_increase(prom: Any, metric: str, labels: Mapping[str, str], start: float, end: float,

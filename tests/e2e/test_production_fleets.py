@@ -19,6 +19,14 @@ module's one operator (tests/e2e/together.py):
   PodMonitor the operator makes for a policy's canary and control, labelled as the chart says by
   default, is picked by that Prometheus' default selector and its engines are scraped.
 
+* live mode (issue 26), four fleets of four pods behind their Service, each serving production
+  traffic: canary and control (one pod each, 1/6 of the Service's endpoints) take a share of it;
+  a config that wins is promoted regime-aware, one that loses rolled back, a canary whose engine
+  fails its requests aborted within a minute of its first error (measured: from the first failed
+  request to the canary leaving the Service's ready endpoints), and deleting a policy mid-measurement
+  leaves the Service serving the fleet's own pods; no user request fails but the aborted canary's
+  (counted and bounded).
+
 The module's operator posts its notifications (issue 24) to a receiver on the host: each sink gets
 one message per decision and one per policy that ended (``assert_notified``).
 """
@@ -45,7 +53,7 @@ from lookahead_dev.webhook_receiver import WebhookReceiver
 
 from . import together
 from .conftest import OperatorPod
-from .helpers import (ENGINE_IMAGE, GOOD_GPU, apply_policy, assert_no_failed_requests, engine_deployment, events_of, get_policy,
+from .helpers import (ENGINE_IMAGE, GOOD_GPU, MILD_GPU, apply_policy, assert_no_failed_requests, engine_deployment, events_of, get_policy,
                       make_namespace, no_leftovers, policy, production_traffic, sanitized, serve)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -600,4 +608,214 @@ def _pod_monitor_scraped(apps, core, custom, ns, mon_ns, prometheus_image, prome
 
 def test_a_pod_monitor_made_by_the_operator_is_scraped_by_the_prometheus_operators_prometheus(
         running, request, reliability):
+    running.result(request)
+
+
+# --- live mode (issue 26): canary and control serve a share of the fleet's own traffic ------------
+
+LIVE_FLEET, LIVE_REPLICAS = "chat-live", 4
+
+
+def _live_fleet(ns: str, sim: dict) -> dict:
+    dep = engine_deployment(ns, LIVE_FLEET, sim, "chat", serving=True)
+    dep["spec"]["replicas"] = LIVE_REPLICAS
+    dep["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "10m"}}
+    return dep
+
+
+def _live_policy(ns: str, prometheus_url: str) -> dict:
+    body = policy("chat", ns, "chat", prometheus_url, [1], "regimeAware", ["100%"])
+    # live: no load of ours; 20% of a four-pod fleet is one pod per arm (1/6 = 16.7% each). The
+    # rest is policy()'s shortened clocks (a one-minute least measurement, 5 windows a stratum)
+    body["spec"]["load"] = {"mode": "live", "livePercent": "20%", "stepDuration": "60s", "minSamplesPerStep": 5}
+    return body
+
+
+def _serving_pods(core, ns: str, service: str = "chat") -> dict[str, str]:
+    """The pods the Service sends traffic to now: ready endpoints of its EndpointSlices, pod name ->
+    the lookahead.dev/role label of the pod ('' for the fleet's own)."""
+    slices = client.DiscoveryV1Api(core.api_client).list_namespaced_endpoint_slice(
+        ns, label_selector=f"kubernetes.io/service-name={service}").items
+    names = {e.target_ref.name for s in slices for e in s.endpoints or []
+             if e.target_ref is not None and (e.conditions is None or e.conditions.ready)}
+    pods = {p.metadata.name: (p.metadata.labels or {}).get(b.LABEL_ROLE, "")
+            for p in core.list_namespaced_pod(ns).items}
+    return {n: pods.get(n, "?") for n in names}
+
+
+def _live_start(apis, ns: str, sim: dict, tmp_path, seed: int, prometheus_url: str):
+    apps, core, custom, batch = apis
+    make_namespace(core, ns)
+    apps.create_namespaced_deployment(ns, _live_fleet(ns, sim))
+    url = serve(core, ns)
+    wait_for(lambda: (apps.read_namespaced_deployment(LIVE_FLEET, ns).status.ready_replicas or 0) == LIVE_REPLICAS,
+             180, "the live fleet's four pods ready", interval=1.0)
+    return url, sanitized(apps, ns, LIVE_FLEET), core.read_namespaced_service("chat", ns).spec.to_dict()
+
+
+def _live_end(custom, ns: str, timeout: float) -> dict:
+    return wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") in
+                    {"Succeeded", "RolledBack", "Failed", "NotACandidate"} and s, timeout, "the live rollout ended",
+                    interval=1.0)
+
+
+def _strata_words(st: dict) -> str:
+    rows = [(r.get("offeredLow"), r.get("offeredHigh"), r.get("windows"), r.get("outcome"), r.get("latencyChange"))
+            for r in (st.get("live") or {}).get("strata") or [] if r.get("windows")]
+    return "; ".join(f"[{lo}, {hi}) {n} windows {o} latency {ch}" for lo, hi, n, o, ch in rows)
+
+
+@scenarios.add
+def live_a_winning_config_is_promoted_regime_aware_on_the_fleets_own_traffic(
+        apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-live-win"
+    url, before, _ = _live_start(apis, ns, GOOD_GPU, tmp_path, 261, prometheus.url)
+    arms_seen: set[str] = set()
+    with production_traffic(url, tmp_path, seed=261, schedule="0:2") as traffic:
+        traffic.wait_requests(3, timeout=60, ok=True)
+        t0 = time.time()
+        apply_policy(custom, _live_policy(ns, prometheus.url))
+        # the arms serve the fleet's users beside it while it measures
+        wait_for(lambda: arms_seen.update(_serving_pods(core, ns).values()) or {"canary", "control"} <= arms_seen,
+                 240, "canary and control serving through the fleet's Service", interval=1.0)
+        st = _live_end(custom, ns, 720)
+        served = assert_no_failed_requests(traffic, t0, "a live rollout that promotes")
+    print(f"\n{ns}: {st['phase']}: {st.get('message')}\n  strata: {_strata_words(st)}\n  traffic: {served}")
+    assert st["phase"] == "Succeeded", (st.get("message"), st.get("live"), operator_pod.log()[-3000:])
+    assert st["decision"]["action"] == "PromoteRegimeAware", st["decision"]
+    live = st["live"]
+    assert live["armReplicas"] == 1 and abs(live["share"] - 1 / 6) < 1e-3, live
+    assert any(r["outcome"] == "Wins" and r["windows"] >= 5 for r in live["strata"]), live
+    d = sanitized(apps, ns, LIVE_FLEET)
+    args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--speculative-config" in args and "--lookahead-max-batch-size" in args, args
+    assert b.original_template(d) == before["spec"]["template"]
+    wait_for(lambda: no_leftovers(apps, batch, ns, "chat"), 60, "canary and control gone", interval=1.0)
+
+
+def test_live_a_winning_config_is_promoted_regime_aware_on_the_fleets_own_traffic(running, request, reliability):
+    running.result(request)
+
+
+@scenarios.add
+def live_a_losing_config_is_rolled_back_with_the_fleet_untouched(apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-live-loss"
+    url, before, service = _live_start(apis, ns, MILD_GPU, tmp_path, 262, prometheus.url)
+    with production_traffic(url, tmp_path, seed=262, schedule="0:2") as traffic:
+        traffic.wait_requests(3, timeout=60, ok=True)
+        t0 = time.time()
+        apply_policy(custom, _live_policy(ns, prometheus.url))
+        st = _live_end(custom, ns, 720)
+        wait_for(lambda: no_leftovers(apps, batch, ns, "chat") and set(_serving_pods(core, ns).values()) == {""},
+                 90, "canary and control gone from the Service", interval=1.0)
+        served = assert_no_failed_requests(traffic, t0, "a live rollout that rolls back")
+    print(f"\n{ns}: {st['phase']}: {st.get('message')}\n  strata: {_strata_words(st)}\n  traffic: {served}")
+    assert st["phase"] == "RolledBack" and st["decision"]["action"] == "Rollback", (st.get("message"), st.get("live"))
+    assert sanitized(apps, ns, LIVE_FLEET)["spec"] == before["spec"], "the fleet was not touched"
+    assert core.read_namespaced_service("chat", ns).spec.to_dict() == service
+
+
+def test_live_a_losing_config_is_rolled_back_with_the_fleet_untouched(running, request, reliability):
+    running.result(request)
+
+
+@scenarios.add
+def live_a_canary_that_fails_requests_is_aborted_within_a_minute_of_its_first_error(
+        apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-live-abort"
+    # every request the canary decodes with speculation fails (an injected engine fault): the
+    # fleet and the control never speculate, so only the canary's users see it
+    url, before, service = _live_start(apis, ns, {**GOOD_GPU, "speculative_error_rate": 1.0}, tmp_path, 263,
+                                       prometheus.url)
+    removed: list[float] = []   # when the canary left the Service's ready endpoints (after it was in)
+    joined: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                roles = set(_serving_pods(core, ns).values())
+                if "canary" in roles and not joined:
+                    joined.append(time.time())
+                elif joined and "canary" not in roles and not removed:
+                    removed.append(time.time())
+            except Exception:  # noqa: BLE001 - a failed read is a sample missed
+                pass
+            stop.wait(0.25)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with production_traffic(url, tmp_path, seed=263, schedule="0:2") as traffic:
+        traffic.wait_requests(3, timeout=60, ok=True)
+        t0 = time.time()
+        watcher.start()
+        apply_policy(custom, _live_policy(ns, prometheus.url))
+        try:
+            st = _live_end(custom, ns, 420)
+            wait_for(lambda: removed, 60, "the canary out of the Service's endpoints", interval=0.5)
+            # ten requests started after it left, all answered (by the fleet and the control)
+            traffic.wait_requests(10, timeout=60, started_after=removed[0] + 2)
+        finally:
+            stop.set()
+            watcher.join(timeout=10)
+        summary = traffic.record.summary(since=t0)
+    failures = summary.failures
+    assert st["phase"] == "RolledBack", (st.get("message"), operator_pod.log()[-3000:])
+    healthy = _condition(st, "CanaryHealthy") or {}
+    assert healthy.get("status") == "False" and healthy.get("reason") == "CanaryErrorRate", healthy
+    assert st["rollback"]["reason"] == "CanaryErrorRate" and st["live"]["abort"], st.get("rollback")
+    assert failures, "the canary's users saw no error: the fault was not injected"
+    first_error = min(r["ended_at"] for r in failures)
+    took = removed[0] - first_error
+    print(f"\n{ns}: aborted: {healthy.get('message')}\n  first failed request to the canary's share removed: "
+          f"{took:.1f} s; traffic since the policy: {summary.line()}")
+    # the issue's bound with analysis.abort's defaults
+    assert took <= 60, f"{took:.1f} s from the canary's first error to its share removed"
+    # only the canary's users failed, and only while it served: none after its share went (plus
+    # what was in flight), and at most what ~1/6 of 2 requests a second brings in that time
+    late = [r for r in failures if r["started_at"] > removed[0] + 2]
+    assert not late, format_failures_of(late)
+    assert len(failures) <= 0.5 * (removed[0] - joined[0]) + 5, (len(failures), removed[0] - joined[0])
+    assert sanitized(apps, ns, LIVE_FLEET)["spec"] == before["spec"], "the fleet was not touched"
+    assert core.read_namespaced_service("chat", ns).spec.to_dict() == service
+
+
+def format_failures_of(reqs: list[dict]) -> str:
+    return "; ".join(f"#{r['id']} at {r['started_at']:.1f}: {r.get('error')}" for r in reqs[:10])
+
+
+def test_live_a_canary_that_fails_requests_is_aborted_within_a_minute_of_its_first_error(
+        running, request, reliability):
+    running.result(request)
+
+
+@scenarios.add
+def live_deleting_the_policy_mid_measurement_restores_the_service_exactly(
+        apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    ns = "e2e-live-delete"
+    url, before, service = _live_start(apis, ns, GOOD_GPU, tmp_path, 264, prometheus.url)
+    fleet = set(_serving_pods(core, ns))
+    with production_traffic(url, tmp_path, seed=264, schedule="0:1") as traffic:
+        traffic.wait_requests(3, timeout=60, ok=True)
+        t0 = time.time()
+        apply_policy(custom, _live_policy(ns, prometheus.url))
+        st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Measuring"
+                      and (s.get("live") or {}).get("windows", 0) >= 2 and s, 240, "live windows measured",
+                      interval=1.0)
+        assert {"canary", "control"} <= set(_serving_pods(core, ns).values())
+        custom.delete_namespaced_custom_object(*_policy_path(ns, "chat"))
+        wait_for(lambda: _gone(custom, ns, "chat") and no_leftovers(apps, batch, ns, "chat")
+                 and set(_serving_pods(core, ns)) == fleet, 90,
+                 "the policy gone and the Service back to the fleet's own pods", interval=1.0)
+        served = assert_no_failed_requests(traffic, t0, "deleting a live policy mid-measurement")
+    print(f"\n{ns}: deleted after {st['live']['windows']} live windows; the Service serves the fleet's "
+          f"{len(fleet)} pods again; traffic: {served}")
+    assert core.read_namespaced_service("chat", ns).spec.to_dict() == service
+    assert sanitized(apps, ns, LIVE_FLEET)["spec"] == before["spec"]
+
+
+def test_live_deleting_the_policy_mid_measurement_restores_the_service_exactly(running, request, reliability):
     running.result(request)

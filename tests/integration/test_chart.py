@@ -196,7 +196,7 @@ def test_cluster_role_is_least_privilege(helm):
         ("", "pods"): read | {"patch"},       # the control's pods only, joining the fleet's Service
         ("", "nodes"): {"get", "list"},       # preflight: the pool's allocatable accelerators (read only)
         ("batch", "jobs"): read | {"create", "delete"},
-        ("", "services"): read | {"create", "patch", "delete"},
+        ("", "services"): {"list"},          # live mode: which Service selects the fleet (never written)
         ("", "configmaps"): read,
         ("", "secrets"): {"get"},             # analysis.prometheus credentials, by name; never list/watch
         ("", "events"): {"create", "patch"},

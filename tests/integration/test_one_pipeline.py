@@ -171,13 +171,19 @@ def run(engines, prometheus):
     for c in BATCH_SIZES:
         snaps = asyncio.run(_drive(urls, c, prometheus.url))
         out[c] = {
+            "bounds": {role: [x.t for x in s] for role, s in snaps.items()},
             "direct": {role: [observations.increments_between(a, b) for a, b in zip(s, s[1:])]
                        for role, s in snaps.items()},
             "prometheus": {role: observations.prometheus_increments(prometheus.url, M, labels(role),
                                                                     [x.t for x in s], buckets=True)
                            for role, s in snaps.items()},
         }
+    out["prometheus_url"] = prometheus.url
     return out
+
+
+def run_prom_url(run) -> str:
+    return run["prometheus_url"]
 
 
 def _pairs(incs: dict[str, list]) -> list[observations.PairedSample]:
@@ -186,7 +192,8 @@ def _pairs(incs: dict[str, list]) -> list[observations.PairedSample]:
 
 def test_both_sources_give_the_same_verdicts(run):
     for c in BATCH_SIZES:
-        verdicts = {src: measure.paired_verdict(c, _pairs(incs), TH, "reference") for src, incs in run[c].items()}
+        verdicts = {src: measure.paired_verdict(c, _pairs(incs), TH, "reference") for src, incs in run[c].items()
+                    if src in ("direct", "prometheus")}
         d, p = verdicts["direct"], verdicts["prometheus"]
         where = f"batch {c}"
         assert d.latency.verdict == p.latency.verdict, (where, d.latency, p.latency)
@@ -218,3 +225,25 @@ def test_the_paired_samples_agree_within_the_scrape_offset(run):
                 rb = getattr(b.canary, metric) / getattr(b.control, metric)
                 assert abs(math.log(rb / ra)) < RATIO_TOL, (where, metric, ra, rb)
 
+
+
+def test_live_modes_reads_agree_with_the_engines_own(run):
+    """What live mode reads besides the counters (measurement/live.py): each window's mean running
+    requests from the gauge (``gauge_window_means``: a closed loop of c keeps about c in flight),
+    the request rate over a span (``counter_rate``, the strata's anchor) and each window's mean
+    time to first token (the TTFT histogram's _sum over _count), against the engines' own reads."""
+    for c in BATCH_SIZES:
+        for role in ("control", "canary"):
+            bounds = run[c]["bounds"][role]
+            where = f"batch {c} {role}"
+            means = observations.gauge_window_means(run_prom_url(run), M.running, labels(role), bounds)
+            assert len(means) == INTERVALS and all(m is not None and 0.7 * c <= m <= c + 1e-9 for m in means), \
+                (where, means)
+            direct = run[c]["direct"][role]
+            started = sum(inc.get(f"{M.ttft}_count") for inc in direct)
+            rate = observations.counter_rate(run_prom_url(run), f"{M.ttft}_count", labels(role), bounds[0], bounds[-1])
+            assert rate == pytest.approx(started / (bounds[-1] - bounds[0]), rel=0.35), (where, rate, started)
+            for a, b in zip(direct, run[c]["prometheus"][role]):
+                x, y = observations.role_sample(a, M).ttft_s, observations.role_sample(b, M).ttft_s
+                if x is not None and y is not None:
+                    assert abs(math.log(y / x)) < 0.5, (where, x, y)

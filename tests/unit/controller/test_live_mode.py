@@ -189,13 +189,14 @@ def test_edges_put_the_fleets_load_in_the_middle_of_a_stratum_one_per_doubling()
 def test_an_arm_window_from_prometheus_counters():
     from lookahead_operator.measurement.prometheus import RoleSample
 
-    s = RoleSample(per_token_latency_s=0.02, output_tokens=400.0, seconds=10.0, started=5.0, ttft_s=0.2,
-                   request_seconds=8.0)
-    a = live_measure.arm_window(s, errors=1)
+    s = RoleSample(per_token_latency_s=0.02, output_tokens=400.0, seconds=10.0, started=5.0, ttft_s=0.2)
+    a = live_measure.arm_window(s, running=0.8, errors=1)
     assert a.per_token_latency == 0.02 and a.ttft == 0.2 and a.requests == 5 and a.errors == 1
-    assert a.token_rate == pytest.approx(50.0) and a.running == pytest.approx(0.8)
-    stall = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=2.0))
+    assert a.token_rate == pytest.approx(50.0) and a.running == 0.8   # 400 tokens / (0.8 x 10 s)
+    stall = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=2.0), running=1.0)
     assert stall.token_rate == 0.0 and stall.per_token_latency is None
+    idle = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=0.0), running=0.0)
+    assert idle.token_rate is None
 
 
 def test_the_arm_pods_join_the_service_and_keep_their_role_label():

@@ -346,6 +346,26 @@ def test_promote_needs_settled_wins_with_data_everywhere():
     assert inv.check_decision(policy_body("RolledBack", {**PROMOTE, "action": "Rollback"}, rows("NoGain"))) == []
 
 
+def live_policy(strata, regime_end=2):
+    body = policy_body("Promoting", {**REGIME, "regime": [{"start": 1, "end": regime_end, "enabled": True},
+                                                          {"start": regime_end + 1, "end": 64, "enabled": False}]},
+                       **{"load.mode": "live", "load.livePercent": "10%"})
+    body["status"]["live"] = {"strata": [{"offeredLow": lo, "windows": n, "outcome": o, "controlRunning": run}
+                                         for lo, n, o, run in strata]}
+    return body
+
+
+def test_a_live_promotion_needs_a_run_of_won_strata_from_the_bottom_and_no_more_batch_than_they_ran():
+    # windows below minSamplesPerStep (10 in the example) do not count as visited
+    ok = live_policy([(0.0, 3, "Pending", None), (1.0, 20, "Wins", 1.6), (2.0, 12, "Pending", 3.0)])
+    assert inv.check_decision(ok) == []
+    beyond = inv.check_decision(live_policy([(1.0, 20, "Wins", 1.6)], regime_end=4))
+    assert beyond and "beyond the control's running batch 1.60" in beyond[0]
+    bottom = inv.check_decision(live_policy([(0.0, 15, "NoGain", 0.5), (1.0, 20, "Wins", 1.6)]))
+    assert bottom and "lowest live stratum visited is NoGain" in bottom[0]
+    assert inv.check_decision(live_policy([(1.0, 4, "Wins", 1.6)]))   # no stratum with enough windows
+
+
 def test_regime_aware_needs_wins_inside_its_range_and_strictly_a_settled_verdict_above():
     assert inv.check_decision(policy_body("Promoting", REGIME, rows("Wins", "Regresses"))) == []
     # the deadline passed with batch size 8 unsettled: decision.decide still promotes 1..4 (by design)
