@@ -1,5 +1,11 @@
 # lookahead-rollout. Two commands matter on a fresh machine: `make demo` and `make test`.
 PY ?= python3
+# Python never puts the working directory on sys.path here (3.11's -P): this repository's
+# operator/ directory would shadow the standard library's `operator` module for every
+# `python3 -m ...` run from the root (pip, pytest, runpy itself) in a virtualenv whose startup
+# has not imported it already. The packages are installed (pip install -e .), so nothing relies
+# on the working directory being importable.
+export PYTHONSAFEPATH := 1
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
 .PHONY: lint-imports deps deps-python deps-system control-plane engines-venv node registry images prometheus prometheus-operator test test-unit demo crds cluster-up cluster-down \

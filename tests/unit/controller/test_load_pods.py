@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from lookahead_operator.api.spec import LookaheadPolicySpec
 from lookahead_operator.controller import loadjobs
 
-from tests.unit.kube.test_cache import POLICY, pod
+from ..kube.test_cache import POLICY, pod
 
 T = datetime(2026, 12, 5, tzinfo=timezone.utc)
 DEFAULTS = loadjobs.pod_defaults('{"nodeSelector": {"pool": "general"}, "tolerations": [], '

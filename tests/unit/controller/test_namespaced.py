@@ -26,7 +26,7 @@ from lookahead_operator.runtime import handlers
 from .test_capacity import ME, TP2
 from .test_statemachine import example_spec, world
 from .test_tenancy import POLICY, observed
-from tests.unit.kube.test_cache import target
+from ..kube.test_cache import target
 
 
 def test_the_watch_namespace_parses_and_refuses_what_cannot_work():

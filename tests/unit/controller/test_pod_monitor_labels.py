@@ -19,7 +19,7 @@ from lookahead_operator.controller import actions
 from lookahead_operator.controller import builders as b
 from lookahead_operator.controller.world import Action, ActionKind, Observed, Target
 
-from tests.unit.controller.test_engine_container import POLICY, PROXY, SERVE, T0, FakeKube, engine, pod, template
+from .test_engine_container import POLICY, PROXY, SERVE, T0, FakeKube, engine, pod, template
 
 KPS = {"release": "kube-prometheus-stack"}
 BASE = {"targets": {"selector": {"matchLabels": {"app": "chat"}}}, "lookahead": {"method": "ngram"},

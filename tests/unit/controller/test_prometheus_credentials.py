@@ -18,7 +18,7 @@ from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.kube import cache
 from lookahead_operator.kube import client as kube
 
-from tests.unit.kube.test_cache import FakeKube, target
+from ..kube.test_cache import FakeKube, target
 
 NOW = datetime(2026, 12, 5, 9, tzinfo=timezone.utc)
 BASIC = {"username": {"name": "prom", "key": "user"}, "password": {"name": "prom", "key": "password"}}

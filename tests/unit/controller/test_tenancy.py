@@ -16,7 +16,7 @@ from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import ActionKind
 from lookahead_operator.kube import cache
 
-from tests.unit.kube.test_cache import FakeKube, target
+from ..kube.test_cache import FakeKube, target
 
 NOW = datetime(2026, 12, 5, tzinfo=timezone.utc)
 

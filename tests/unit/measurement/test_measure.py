@@ -558,7 +558,7 @@ def test_prometheus_increments_stay_aligned_when_an_interval_has_no_new_scrape()
 def _fleet_store(dcgm: bool = True):
     """A vLLM fleet pod ``inference/chat-7f9c-x2`` over [0, 200] s: prefill 0.1 s and decode 2 s per
     request, 3 running; its GPU (and a trainer's, not ours) as dcgm-exporter's Helm chart labels them."""
-    from tests.unit.measurement.test_observations import SeriesStore, scrape_times
+    from .test_observations import SeriesStore, scrape_times
 
     store, v = SeriesStore(), metric_names("vllm")
     pod = {"namespace": "inference", "pod": "chat-7f9c-x2"}
