@@ -5,12 +5,12 @@ Per window and arm (``arm_window``, an ``stats.live.ArmWindow``):
 
 * per-token latency: the per-token histogram's ``_sum`` / ``_count`` increase (``role_sample``);
 * the token rate per running request: tokens generated in the window over its request-seconds
-  in flight (the running-requests gauge's mean over the window x its length): under open-loop
+  in flight (each pod's running-requests gauge mean, added up, x the window's length): under open-loop
   traffic a pod's tokens per second follow what users ask, tokens per second per request being
   served are what each user gets;
 * time to first token: the TTFT histogram's ``_sum`` / ``_count`` increase;
-* requests: those that got their first token; running: that gauge's mean (an outcome: reported,
-  never a stratum key).
+* requests: those that got their first token; running: that gauge's mean per pod (an outcome:
+  reported, never a stratum key).
 
 The stratum key is the **fleet's** offered load: requests its own pods (not the arms') started in
 the window, per fleet pod (docs/statistics.md, "Live traffic"). The strata's edges are fixed
@@ -18,14 +18,17 @@ before any window is compared, from the fleet's request rate over the ``PRE_PERI
 canary and control started serving (``edges_from_rate``): one stratum per doubling, the fleet's
 load then in the middle of one.
 
-The safety abort reads one more thing: each arm over the last ``analysis.abort.window``, with its
-failed requests (``request_success_total`` by ``finished_reason``, the engine's error reasons). The
-controller judges it (``controller.livesplit.abort_reason``).
+The safety abort reads each arm over the last ``analysis.abort.window``: its latencies from the
+windows above (summed), and one read of its own, the requests it finished and failed since it
+served (``request_success_total`` by ``finished_reason``, the engine's error reasons), so that the
+error check runs from the first request on. The controller judges it
+(``controller.livesplit.abort_reason``).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from datetime import datetime, timezone
 from typing import Sequence
 
@@ -68,16 +71,21 @@ def edges_from_rate(per_window: float | None) -> tuple[float, ...]:
     return tuple(round(per_window * 2 ** (k - 0.5), 6) for k in range(-STRATA_DOUBLINGS + 1, STRATA_DOUBLINGS + 1))
 
 
-def arm_window(s: prometheus.RoleSample, running: float | None, errors: int = 0) -> ArmWindow:
-    """One arm over one window from its Prometheus sample and its mean running requests (module
-    docstring)."""
+def arm_window(s: prometheus.RoleSample, pod_running: Sequence[float] = (), errors: int = 0,
+               served: int = 0) -> ArmWindow:
+    """One arm over one window from its Prometheus sample and each of its pods' mean running
+    requests (module docstring): the token rate is per request in flight on the whole arm, the
+    running batch the pods' mean (a pod's batch, what the engine's switch reads). ``served``:
+    requests finished by any reason, where they were read (a failed request may never have started)."""
     seconds = s.seconds or 0.0
+    busy = sum(pod_running)
     rate = None
-    if running is not None and running > 0 and seconds > 0 and s.output_tokens is not None:
+    if busy > 0 and seconds > 0 and s.output_tokens is not None:
         # 0 when requests were in flight and no token came out: a stall, counted against the arm
-        rate = s.output_tokens / (running * seconds)
+        rate = s.output_tokens / (busy * seconds)
     return ArmWindow(per_token_latency=s.per_token_latency_s, token_rate=rate, ttft=s.ttft_s,
-                     requests=int(round(s.started or 0.0)), errors=errors, running=running)
+                     requests=max(int(round(s.started or 0.0)), served), errors=errors,
+                     running=statistics.fmean(pod_running) if pod_running else None)
 
 
 def _fleet_match(targets: Sequence[tuple[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
@@ -93,19 +101,17 @@ def _per_pod(prom, names: MetricNames, fleet: tuple[dict, dict], pods: int, t0: 
     return None if rate is None else rate / max(1, pods)
 
 
-def recent(prom, names: MetricNames, labels: dict[str, str], start: float, end: float) -> ArmWindow:
-    """One arm over [start, end] with its failed requests: the abort's window."""
-    incs = prometheus.prometheus_increments(prom, names, labels, [start, end])
-    sample = prometheus.role_sample(incs[0] if incs else None, names)
-    running = prometheus.gauge_window_means(prom, names.running, labels, [start, end])[0] if names.running else None
+def recent(prom, names: MetricNames, labels: dict[str, str], windows: Sequence[prometheus.Increments | None],
+           start: float, end: float) -> ArmWindow:
+    """One arm over the abort's window: its latencies from the ``windows`` already read for the
+    comparison (their counters summed), its finished and failed requests over [start, end] (the
+    one read of its own: failures by ``finished_reason``, from when the arm served)."""
     a = datetime.fromtimestamp(start, tz=timezone.utc)
     z = datetime.fromtimestamp(end, tz=timezone.utc)
     finished = finished_by_reason(prom, names.request_success, labels, None, a, z) if names.request_success else None
     errors = int(round(sum(v for r, v in (finished or {}).items() if r in names.error_reasons)))
-    served = int(round(sum((finished or {}).values())))
-    w = arm_window(sample, running, errors)
-    return ArmWindow(per_token_latency=w.per_token_latency, token_rate=w.token_rate, ttft=w.ttft,
-                     requests=max(w.requests, served), errors=errors, running=w.running)
+    return arm_window(prometheus.role_sample(prometheus.merged(windows), names), errors=errors,
+                      served=int(round(sum((finished or {}).values()))))
 
 
 def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
@@ -127,37 +133,35 @@ def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lookahea
         edges = edges_from_rate(None if rate is None else rate * spec.analysis.sample_interval.total_seconds())
     arms = {role: role_labels(policy, role) for role in ("control", "canary")}
     end = scraped_until(prom, names, list(arms.values()), now).timestamp()
-    window = spec.analysis.abort.window.total_seconds()
-    canary_recent = control_recent = None
-    if end - start >= 1.0:
-        a = max(start, end - window)
-        canary_recent = recent(prom, names, arms["canary"], a, end)
-        control_recent = recent(prom, names, arms["control"], a, end)
     interval = spec.analysis.sample_interval.total_seconds()
     t0 = start + interval  # the arms' first window: their pods fill up, the Service's endpoints settle
     n = int((end - t0) // interval) if end > t0 else 0
     live_edges = edges if edges is not None else tuple(p.live_edges or ())
     comparison = LiveComparison(thresholds(spec), Strata(tuple(live_edges)),
                                 max_ttft_regression=spec.promotion.guard.max_ttft_regression)
-    offered = None
+    incs: dict[str, list[prometheus.Increments | None]] = {role: [] for role in arms}
     if n >= 1:
         bounds = [t0 + k * interval for k in range(n + 1)]
         incs = {role: prometheus.prometheus_increments(prom, names, labels, bounds) for role, labels in arms.items()}
         fleet_incs = prometheus.prometheus_increments(prom, names, fleet[0], bounds, regex=fleet[1])
-        running = {role: prometheus.gauge_window_means(prom, names.running, labels, bounds) if names.running
-                   else [None] * n for role, labels in arms.items()}
+        running = {role: prometheus.gauge_series_means(prom, names.running, labels, bounds) if names.running
+                   else [[]] * n for role, labels in arms.items()}
         for i in range(n):
             f = prometheus.role_sample(fleet_incs[i], names)
             if f.started is None:
                 continue  # the fleet's pods were not scraped there: no stratum key
-            offered = f.started / max(1, fleet_pods)
-            comparison.add(LiveWindow(offered_load=offered,
-                                      control=arm_window(prometheus.role_sample(incs["control"][i], names),
-                                                         running["control"][i]),
-                                      canary=arm_window(prometheus.role_sample(incs["canary"][i], names),
-                                                        running["canary"][i])))
-    return LiveMeasurement(windows=n, results=comparison.results(), canary_recent=canary_recent,
-                           control_recent=control_recent, edges=edges, offered=offered,
+            comparison.add(LiveWindow(
+                offered_load=f.started / max(1, fleet_pods),
+                control=arm_window(prometheus.role_sample(incs["control"][i], names), running["control"][i]),
+                canary=arm_window(prometheus.role_sample(incs["canary"][i], names), running["canary"][i])))
+    recent_arms: dict[str, ArmWindow] = {}
+    if end - start >= 1.0:
+        # the abort's window: the last abort.window of windows, and every request since the arms served
+        last = max(1, math.ceil(spec.analysis.abort.window.total_seconds() / interval))
+        a = max(start, end - spec.analysis.abort.window.total_seconds())
+        recent_arms = {role: recent(prom, names, labels, incs[role][-last:], a, end) for role, labels in arms.items()}
+    return LiveMeasurement(windows=n, results=comparison.results(), canary_recent=recent_arms.get("canary"),
+                           control_recent=recent_arms.get("control"), edges=edges,
                            note="" if n else "no whole window of live traffic yet")
 
 

@@ -742,17 +742,27 @@ def counter_rate(prom: Any, metric: str, labels: Mapping[str, str], start: float
     return d.value / span if span > 0 else None
 
 
-def gauge_window_means(prom: Any, metric: str, labels: Mapping[str, str], bounds: Sequence[float],
-                       regex: Mapping[str, str] | None = None) -> list[float | None]:
-    """Per interval between consecutive ``bounds``: the gauge ``metric`` summed over the series
-    ``labels`` and ``regex`` select, each series' mean over its samples in the interval (a pod's
-    mean running requests, added up over the pods); None where no series has a sample there."""
+def gauge_series_means(prom: Any, metric: str, labels: Mapping[str, str], bounds: Sequence[float],
+                       regex: Mapping[str, str] | None = None) -> list[list[float]]:
+    """Per interval between consecutive ``bounds``: the gauge ``metric``'s mean over its samples
+    in the interval, one per series that ``labels`` and ``regex`` select and that was scraped there
+    (a pod's mean running requests, one value per pod; empty where none was). One read."""
     series = raw_samples(prom, metric, selector(labels, regex), bounds[0], bounds[-1])
-    out: list[float | None] = []
-    for a, z in zip(bounds, bounds[1:]):
-        means = [sum(v) / len(v) for pts in series.values() if (v := [x for t, x in pts if a < t <= z])]
-        out.append(sum(means) if means else None)
-    return out
+    return [[statistics.fmean(v) for pts in series.values() if (v := [x for t, x in pts if a < t <= z])]
+            for a, z in zip(bounds, bounds[1:])]
+
+
+def merged(incs: Sequence["Increments | None"]) -> "Increments | None":
+    """Consecutive intervals' increments as one interval's: from the first's start to the last's
+    end, each counter summed (buckets left out); None when none was read."""
+    read = [i for i in incs if i is not None]
+    if not read:
+        return None
+    counters: dict[str, float] = {}
+    for inc in read:
+        for name, value in inc.counters.items():
+            counters[name] = counters.get(name, 0.0) + value
+    return Increments(start=read[0].start, end=read[-1].end, counters=counters)
 
 
 def counter_increase(prom: Any, metric: str, labels: Mapping[str, str], start: float, end: float,

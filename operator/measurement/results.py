@@ -103,5 +103,4 @@ class LiveMeasurement:
     canary_recent: Optional[ArmWindow] = None   # the last abort window, canary
     control_recent: Optional[ArmWindow] = None  # ... and control
     edges: Optional[tuple[float, ...]] = None     # the strata's edges read from the pre-period (first pass only)
-    offered: Optional[float] = None               # the fleet's offered load per pod in the latest window
     note: str = ""                                # why nothing could be read yet, in words

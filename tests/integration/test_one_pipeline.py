@@ -229,16 +229,21 @@ def test_the_paired_samples_agree_within_the_scrape_offset(run):
 
 def test_live_modes_reads_agree_with_the_engines_own(run):
     """What live mode reads besides the counters (measurement/live.py): each window's mean running
-    requests from the gauge (``gauge_window_means``: a closed loop of c keeps about c in flight),
+    requests from the gauge (``gauge_series_means``, one per engine: a closed loop of c keeps about c
+    in flight), the windows' counters summed into one (``merged``, the abort's window),
     the request rate over a span (``counter_rate``, the strata's anchor) and each window's mean
     time to first token (the TTFT histogram's _sum over _count), against the engines' own reads."""
     for c in BATCH_SIZES:
         for role in ("control", "canary"):
             bounds = run[c]["bounds"][role]
             where = f"batch {c} {role}"
-            means = observations.gauge_window_means(run_prom_url(run), M.running, labels(role), bounds)
-            assert len(means) == INTERVALS and all(m is not None and 0.7 * c <= m <= c + 1e-9 for m in means), \
+            means = observations.gauge_series_means(run_prom_url(run), M.running, labels(role), bounds)
+            assert len(means) == INTERVALS and all(len(m) == 1 and 0.7 * c <= m[0] <= c + 1e-9 for m in means), \
                 (where, means)
+            whole = observations.merged(run[c]["prometheus"][role])
+            assert whole.start == run[c]["prometheus"][role][0].start and whole.end == run[c]["prometheus"][role][-1].end
+            assert whole.get(M.generation_tokens) == pytest.approx(
+                sum(i.get(M.generation_tokens) for i in run[c]["prometheus"][role]))
             direct = run[c]["direct"][role]
             started = sum(inc.get(f"{M.ttft}_count") for inc in direct)
             rate = observations.counter_rate(run_prom_url(run), f"{M.ttft}_count", labels(role), bounds[0], bounds[-1])

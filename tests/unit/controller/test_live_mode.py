@@ -190,12 +190,17 @@ def test_an_arm_window_from_prometheus_counters():
     from lookahead_operator.measurement.prometheus import RoleSample
 
     s = RoleSample(per_token_latency_s=0.02, output_tokens=400.0, seconds=10.0, started=5.0, ttft_s=0.2)
-    a = live_measure.arm_window(s, running=0.8, errors=1)
+    a = live_measure.arm_window(s, [0.8], errors=1)
     assert a.per_token_latency == 0.02 and a.ttft == 0.2 and a.requests == 5 and a.errors == 1
     assert a.token_rate == pytest.approx(50.0) and a.running == 0.8   # 400 tokens / (0.8 x 10 s)
-    stall = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=2.0), running=1.0)
+    # two pods: the running batch is a pod's (their mean), the token rate per request in flight on both
+    two = live_measure.arm_window(s, [0.6, 1.0])
+    assert two.running == pytest.approx(0.8) and two.token_rate == pytest.approx(400 / (1.6 * 10))
+    # requests that failed before their first token count as served
+    assert live_measure.arm_window(s, [0.8], errors=4, served=9).requests == 9
+    stall = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=2.0), [1.0])
     assert stall.token_rate == 0.0 and stall.per_token_latency is None
-    idle = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=0.0), running=0.0)
+    idle = live_measure.arm_window(RoleSample(output_tokens=0.0, seconds=10.0, started=0.0), [0.0])
     assert idle.token_rate is None
 
 
