@@ -312,9 +312,6 @@ class Progress(StatusModel):
     live_edges: Optional[list[float]] = Field(
         default=None, max_length=16, description="Live mode: the offered-load strata's interior edges (requests per "
                                                  "fleet pod per sampleInterval), fixed before any window is compared.")
-    live_arm_replicas: Optional[int] = Field(
-        default=None, ge=1, description="Live mode, split service: replicas per arm, fixed when canary and control "
-                                        "are first created (from the fleet's replicas and load.livePercent).")
 
 
 class GuardLeg(StatusModel):
@@ -391,7 +388,8 @@ class LiveStatus(StatusModel):
 
     split: str = Field(default="service", max_length=MAX_SHORT)
     share: Optional[float] = Field(default=None, description="Each arm's share of the fleet's traffic (0..1).")
-    arm_replicas: Optional[int] = Field(default=None, ge=0, description="Replicas per arm.")
+    arm_replicas: Optional[int] = Field(default=None, ge=0, description="Replicas per arm, fixed at Preflight (from "
+                                                                        "the fleet's replicas and load.livePercent).")
     message: str = Field(default="", max_length=MAX_MESSAGE, description="The split, in words.")
     windows: int = Field(default=0, ge=0, description="Windows read so far.")
     strata: Optional[list[LiveStratum]] = Field(default=None, max_length=17)
@@ -402,9 +400,6 @@ class LiveStatus(StatusModel):
         default=None, description="The lowest offered load where lookahead stops paying (per fleet pod per window).")
     crossover_batch: Optional[float] = Field(
         default=None, description="The control's mean running batch at the crossover: the batch size it corresponds to.")
-    abort: Optional[str] = Field(default=None, max_length=MAX_MESSAGE,
-                                 description="Why the canary was aborted (analysis.abort), if it was.")
-    aborted_at: Optional[Timestamp] = None
 
 
 class LookaheadPolicyStatus(StatusModel):

@@ -47,7 +47,7 @@ from lookahead_operator.api.spec import (
     LoadMode,
     LookaheadPolicySpec,
 )
-from lookahead_operator.api.status import Progress
+from lookahead_operator.api.status import LookaheadPolicyStatus
 from lookahead_operator.measurement.stats.live import ArmWindow  # one arm over one window: the live comparison's record
 from lookahead_operator.controller.builders import owned_metadata, policy_labels, role_deployment_name
 
@@ -202,11 +202,11 @@ def arm_join_labels(service: dict, target: dict) -> dict[str, str]:
     return selector
 
 
-def arm_replicas(spec: LookaheadPolicySpec, progress: Progress) -> int:
-    """Replicas per arm: a Service split's (``progress.liveArmReplicas``, fixed at Preflight from
+def arm_replicas(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus) -> int:
+    """Replicas per arm: a Service split's (``status.live.armReplicas``, fixed at Preflight from
     ``load.livePercent``), else ``canary.replicas``."""
-    if spec.load.mode == LoadMode.live and progress.live_arm_replicas:
-        return progress.live_arm_replicas
+    if spec.load.mode == LoadMode.live and status.live is not None and status.live.arm_replicas:
+        return status.live.arm_replicas
     return spec.canary.replicas
 
 

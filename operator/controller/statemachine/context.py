@@ -82,7 +82,7 @@ class PassContext:
 
     def act(self, kind: ActionKind, **kw) -> None:
         if kind == ActionKind.ENSURE_ROLES and "replicas" not in kw and self.world.spec is not None:
-            kw["replicas"] = livesplit.arm_replicas(self.world.spec, self.progress)
+            kw["replicas"] = livesplit.arm_replicas(self.world.spec, self.status)
         if "targets" in kw:
             kw["targets"] = tuple(sorted(kw["targets"]))
         self.actions.append(Action(kind, **kw))

@@ -22,8 +22,8 @@ from lookahead_operator.measurement.stats.live import LiveResults
 
 def _live_split(ctx: PassContext) -> bool:
     """Preflight, live mode: how many replicas each arm gets so that it serves ``livePercent`` of
-    the fleet's Service (``livesplit.service_split``), fixed in ``progress.liveArmReplicas`` and
-    said in ``status.live``. A split that cannot be made (no Service selects the fleet, a share
+    the fleet's Service (``livesplit.service_split``), fixed in ``status.live`` (``armReplicas``,
+    the share, the split in words). A split that cannot be made (no Service selects the fleet, a share
     below what one replica gives) ends Failed, naming the field, with nothing created. Returns
     whether the rollout goes on."""
     world, spec = ctx.world, ctx.spec
@@ -41,7 +41,6 @@ def _live_split(ctx: PassContext) -> bool:
         ctx.transition(Phase.Failed, "LiveSplitRefused", f"{exc}; nothing was created", warning=True)
         return False
     meta = world.live_service.get("metadata") or {}
-    ctx.progress.live_arm_replicas = split.arm_replicas
     ctx.status.live = LiveStatus(split="service", share=round(split.share, 6), arm_replicas=split.arm_replicas,
                                  message=f"through Service {meta.get('namespace')}/{meta.get('name')}: "
                                          f"{split.describe()}")
@@ -89,7 +88,7 @@ def _aborted(ctx: PassContext) -> bool:
     """The safety abort (``livesplit.abort_reason`` on the last ``analysis.abort.window`` of each
     arm): the canary's share goes at once (canary and control deleted: their pods leave the
     Service), CanaryHealthy=False and a Warning Event say why, and the policy ends RolledBack with
-    the fleet untouched."""
+    the fleet untouched (``status.rollback`` holds the reason, the sentence and when)."""
     live = ctx.world.live
     if live is None or live.canary_recent is None or live.control_recent is None:
         return False
@@ -101,8 +100,6 @@ def _aborted(ctx: PassContext) -> bool:
         return False
     message = f"live: {reason.message}: the canary's share of traffic was removed"
     ctx.fact(C.CanaryHealthy, False, reason.reason, message)
-    if ctx.status.live is not None:
-        ctx.status.live.abort, ctx.status.live.aborted_at = reason.message, ctx.world.now
     ctx.events.append(("Warning", reason.reason, message))
     _roll_back(ctx, reason.reason, message)
     return True

@@ -93,7 +93,7 @@ def _carve_out_short(ctx: PassContext) -> str | None:
     source = role_source(ctx.world)
     if source is None:
         return None
-    each = livesplit.arm_replicas(spec, ctx.progress)
+    each = livesplit.arm_replicas(spec, ctx.status)
     need = 2 * each
     have = source.replicas + source.carved
     if have <= need:
@@ -124,7 +124,7 @@ def _pool(ctx: PassContext) -> None:
     world, spec = ctx.world, ctx.spec
     if not world.accelerators:
         return
-    pods = 2 * livesplit.arm_replicas(spec, ctx.progress)
+    pods = 2 * livesplit.arm_replicas(spec, ctx.status)
     if spec.canary.capacity == CanaryCapacity.carve_out:
         ctx.fact(C.CapacityAvailable, True, "CarveOut", f"canary.capacity carveOut: canary and control take {pods} "
                                                          "of the fleet's pods' room; no spare accelerator needed")

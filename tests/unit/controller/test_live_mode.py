@@ -8,7 +8,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from lookahead_operator.api.status import ConditionType, DecisionAction, LookaheadPolicyStatus, Phase
+from lookahead_operator.api.status import ConditionType, DecisionAction, LiveStatus, LookaheadPolicyStatus, Phase
 from lookahead_operator.controller import livesplit
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import ActionKind as K
@@ -68,7 +68,6 @@ def test_preflight_fixes_the_split_and_the_arms_join_with_their_replicas():
     plan, w = run(replace(w, preflight=CANDIDATE), preflight=None)
     assert w.status.phase == Phase.Launching
     # 10% of a 10-pod fleet with surge: one pod per arm is 1/12 = 8.33%, two would be 14.3%
-    assert w.status.progress.live_arm_replicas == 1
     assert w.status.live.arm_replicas == 1 and w.status.live.share == pytest.approx(1 / 12, abs=1e-6)
     assert "Service serving/chat" in w.status.live.message and "8.33%" in w.status.live.message
     roles = [a for a in plan.actions if a.kind == K.ENSURE_ROLES]
@@ -79,7 +78,7 @@ def test_a_bigger_fleet_gets_more_replicas_per_arm():
     w = live_world(targets=[replace(FLEET[0], replicas=40)])
     _, w = run(w)
     plan, w = run(replace(w, preflight=CANDIDATE), preflight=None)
-    assert w.status.progress.live_arm_replicas == 5  # 5 / (40 + 2 x 5) = 10% exactly
+    assert w.status.live.arm_replicas == 5  # 5 / (40 + 2 x 5) = 10% exactly
     assert [a.replicas for a in plan.actions if a.kind == K.ENSURE_ROLES] == [5]
 
 
@@ -132,7 +131,8 @@ def test_a_canary_that_fails_requests_is_aborted_at_once_and_the_fleet_is_untouc
     assert c.status == "False" and c.reason == "CanaryErrorRate" and "maxErrorRateIncrease" in c.message
     assert K.DELETE_ROLES in kinds(plan) and K.RESTORE not in kinds(plan) and K.PROMOTE not in kinds(plan)
     assert ("Warning", "CanaryErrorRate") in [(t, r) for t, r, _ in plan.events]
-    assert w.status.live.abort and w.status.live.aborted_at == T0 + timedelta(seconds=40)
+    r = w.status.rollback
+    assert r.reason == "CanaryErrorRate" and "maxErrorRateIncrease" in r.message and r.at == T0 + timedelta(seconds=40)
     assert "the fleet was not touched" in w.status.message
 
 
@@ -216,8 +216,8 @@ def test_the_arm_pods_join_the_service_and_keep_their_role_label():
 
 def test_arm_replicas_are_the_splits_in_live_mode_and_canary_replicas_otherwise():
     status = LookaheadPolicyStatus()
-    assert livesplit.arm_replicas(SPEC, status.progress) == SPEC.canary.replicas
-    status.progress.live_arm_replicas = 3
-    assert livesplit.arm_replicas(SPEC, status.progress) == 3
+    assert livesplit.arm_replicas(SPEC, status) == SPEC.canary.replicas
+    status.live = LiveStatus(arm_replicas=3)
+    assert livesplit.arm_replicas(SPEC, status) == 3
     sweep = example_spec()
-    assert livesplit.arm_replicas(sweep, status.progress) == sweep.canary.replicas
+    assert livesplit.arm_replicas(sweep, status) == sweep.canary.replicas
