@@ -137,7 +137,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.guard_pods = driven["promoted"] = guard_fleet_pods(listed, world)
         world.guard_sides = guard_sides(listed, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
-    if spec.load.mode == LoadMode.live and (status.phase == Phase.Preflight or status.phase in WITH_ROLES):
+    if spec.load.mode == LoadMode.live and (status.phase == Phase.Preflight or (
+            status.phase in WITH_ROLES and not all(world.roles_present.values()))):
+        # the Service canary and control join: Preflight's split, and an arm (re)created; not every pass
         _read_live_service(k, world)
 
     if status.progress.fingerprint not in (None, world.fingerprint):
@@ -277,7 +279,7 @@ def guard_sides(listed: dict[tuple[str, str], list[dict]], world: Observed, stat
     for t in play:
         for pod in listed.get(t.key, []):
             meta = pod["metadata"]
-            if (meta.get("labels") or {}).get(LABEL_ROLE) or meta.get("deletionTimestamp") or not fleet.pod_ready(pod):
+            if livesplit.is_arm_pod(pod) or meta.get("deletionTimestamp") or not fleet.pod_ready(pod):
                 continue
             key = (meta["namespace"], meta["name"])
             if decision and (meta.get("annotations") or {}).get(ANNOTATION_PROMOTED) == decision:
