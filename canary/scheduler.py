@@ -548,7 +548,7 @@ class SimulatedDecoder:
         t0 = time.monotonic()
         sim = self.simulator.decode_step(len(self._seqs), speculate)
         self._wait_until(t0 + float(sim.seconds))
-        speculating = bool(self.simulator.speculates(speculate))
+        speculating = self.simulator.speculates(speculate)
         out: dict[str, SimStepOutput | SequenceError] = {}
         for i, (seq_id, seq) in enumerate(list(self._seqs.items())):
             if speculating and not seq.speculated:

@@ -277,17 +277,14 @@ class RooflineSimulator:
         m, g = self.config.model_spec, self.config.gpu_spec
         return 2.0 * m.params * batch_size * self.config.tokens_processed(speculate) / g.flops
 
-    def _speculating(self, speculate: bool) -> bool:
-        return speculate and self.config.method != "greedy"
-
     def speculates(self, speculate: bool) -> bool:
         """Whether a step asked to speculate really does (never with method "greedy")."""
-        return self._speculating(speculate)
+        return speculate and self.config.method != "greedy"
 
     def expected_step_seconds(self, batch_size: int, speculate: bool) -> float:
         """Median step time (noise has median 1), scaled by time_scale."""
         _check_batch(batch_size)
-        spec = self._speculating(speculate)
+        spec = self.speculates(speculate)
         g = self.config.gpu_spec
         t = max(self.memory_seconds(batch_size), self.compute_seconds(batch_size, spec)) + g.step_overhead_s
         if spec:
@@ -296,7 +293,7 @@ class RooflineSimulator:
 
     def expected_tokens_per_step(self, speculate: bool) -> float:
         """Mean tokens produced per sequence per step."""
-        cap = self.config.max_draft_accepted(self._speculating(speculate))
+        cap = self.config.max_draft_accepted(self.speculates(speculate))
         a = self.config.acceptance
         if cap == 0:
             return 1.0
@@ -311,7 +308,7 @@ class RooflineSimulator:
         return batch_size / self.expected_per_token_seconds(batch_size, speculate)
 
     def is_compute_bound(self, batch_size: int, speculate: bool) -> bool:
-        spec = self._speculating(speculate)
+        spec = self.speculates(speculate)
         return self.compute_seconds(batch_size, spec) > self.memory_seconds(batch_size)
 
     # -- stochastic steps --------------------------------------------------------------------
@@ -323,7 +320,7 @@ class RooflineSimulator:
 
     def sample_accepted(self, batch_size: int, speculate: bool) -> np.ndarray:
         """Tokens produced per sequence this step: 1 + truncated-geometric accepted drafts."""
-        cap = self.config.max_draft_accepted(self._speculating(speculate))
+        cap = self.config.max_draft_accepted(self.speculates(speculate))
         if cap == 0:
             return np.ones(batch_size, dtype=np.int64)
         a = self.config.acceptance
@@ -344,7 +341,7 @@ class RooflineSimulator:
         return self._drift
 
     def decode_step(self, batch_size: int, speculate: bool) -> SimStep:
-        spec = self._speculating(speculate)
+        spec = self.speculates(speculate)
         seconds = float(self.expected_step_seconds(batch_size, spec) * self._noise() * self.drift())
         accepted = self.sample_accepted(batch_size, spec)
         drafts = self.config.draft_tokens(spec)
@@ -379,7 +376,7 @@ class RooflineSimulator:
     ) -> np.ndarray:
         """`n` observations of per-token latency, each averaged over `steps_per_sample` steps of one
         sequence (time of those steps / tokens that sequence produced in them)."""
-        spec = self._speculating(speculate)
+        spec = self.speculates(speculate)
         base = self.expected_step_seconds(batch_size, spec)
         times = base * self._noise(n * steps_per_sample).reshape(n, steps_per_sample).sum(axis=1)
         cap = self.config.max_draft_accepted(spec)

@@ -196,8 +196,8 @@ def status_rows(policy: dict) -> list[list[str]]:
     return [[_CELL[c.key](r) for c in COLUMNS] for r in batches if isinstance(r, dict)]
 
 
-def _widths(rows: list[list[str]]) -> list[int]:
-    return [max([len(h) for h in c.header] + [len(row[i]) for row in rows]) for i, c in enumerate(COLUMNS)]
+def _widths(rows: list[list[str]], columns: tuple[Column, ...] = COLUMNS) -> list[int]:
+    return [max([len(h) for h in c.header] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
 
 
 def _pack(widths: list[int], width: int) -> list[list[int]] | None:
@@ -231,29 +231,31 @@ def _pack(widths: list[int], width: int) -> list[list[int]] | None:
     return tables
 
 
-def _render_table(cols: list[int], widths: list[int], rows: list[list[str]]) -> list[str]:
-    height = max(len(COLUMNS[i].header) for i in cols)
+def _render_table(cols: list[int], widths: list[int], rows: list[list[str]],
+                  columns: tuple[Column, ...] = COLUMNS) -> list[str]:
+    height = max(len(columns[i].header) for i in cols)
     lines = []
 
     def line(cells: list[tuple[str, int]]) -> str:
-        parts = [(text.rjust(widths[i]) if COLUMNS[i].numeric else text.ljust(widths[i])) for text, i in cells]
+        parts = [(text.rjust(widths[i]) if columns[i].numeric else text.ljust(widths[i])) for text, i in cells]
         return (" " * GAP).join(parts).rstrip()
 
     for k in range(height):
         # a one-line header sits on the last header line
         lines.append(line([(h[k - (height - len(h))] if k >= height - len(h) else "", i)
-                           for i in cols for h in [COLUMNS[i].header]]))
+                           for i in cols for h in [columns[i].header]]))
     for row in rows:
         lines.append(line([(row[i], i) for i in cols]))
     return lines
 
 
-def _render_records(rows: list[list[str]], width: int) -> list[str]:
-    """Too narrow for any table: one block per batch size, one value a line."""
+def _render_records(rows: list[list[str]], width: int, columns: tuple[Column, ...] = COLUMNS) -> list[str]:
+    """Too narrow for any table: one block per row (its first column's header and value), one
+    value a line."""
     out = []
     for row in rows:
-        out.append(f"batch {row[0]}")
-        for c, cell in zip(COLUMNS[1:], row[1:]):
+        out.append(f"{' '.join(columns[0].header)} {row[0]}")
+        for c, cell in zip(columns[1:], row[1:]):
             out.extend(_wrap(f"  {' '.join(c.header)}: {cell}", width, indent="    "))
     return out
 
@@ -309,23 +311,34 @@ def format_status(policy: dict, width: int = 80) -> list[str]:
     return out
 
 
-#: status.live's per-stratum table: (header, width, cell), each row a stratum of offered load.
-_LIVE_COLUMNS: list[tuple[str, int, Callable[[dict], str]]] = [
-    ("load", 12, lambda r: f"[{_fmt(r.get('offeredLow'), '{:.3g}')}, "
-                                      f"{_fmt(r.get('offeredHigh'), '{:.3g}') if r.get('offeredHigh') else 'inf'})"),
-    ("windows", 4, lambda r: _fmt(r.get("windows"), "{}")),
-    ("outcome", 9, lambda r: _fmt(r.get("outcome"), "{}")),
-    ("latency", 7, lambda r: _fmt(_pct(r.get("latencyChange")), "{:+.1f}%")),
-    ("interval %", 14, lambda r: _interval(r.get("latencyInterval"))),
-    ("ttft", 5, lambda r: _fmt(_pct(r.get("ttftChange")), "{:+.0f}%")),
-    ("batch", 9, lambda r: f"{_fmt(r.get('controlRunning'), '{:.1f}')}/{_fmt(r.get('canaryRunning'), '{:.1f}')}"),
-]
+#: status.live's per-stratum table: one row a stratum of offered load (``LiveStratum``).
+LIVE_COLUMNS: tuple[Column, ...] = (
+    Column("load", ("load",), False),
+    Column("windows", ("windows",), True),
+    Column("outcome", ("outcome",), False),
+    Column("latencyChange", ("latency",), True),
+    Column("latencyInterval", ("interval %",), True),
+    Column("ttftChange", ("ttft",), True),
+    Column("running", ("batch",), True),
+)
+_LIVE_CELL: dict[str, Callable[[dict], str]] = {
+    "load": lambda r: f"[{_fmt(r.get('offeredLow'), '{:.3g}')}, "
+                      f"{_fmt(r.get('offeredHigh'), '{:.3g}') if r.get('offeredHigh') else 'inf'})",
+    "windows": lambda r: _fmt(r.get("windows"), "{}"),
+    "outcome": lambda r: _fmt(r.get("outcome"), "{}"),
+    "latencyChange": lambda r: _fmt(_pct(r.get("latencyChange")), "{:+.1f}%"),
+    "latencyInterval": lambda r: _interval(r.get("latencyInterval")),
+    "ttftChange": lambda r: _fmt(_pct(r.get("ttftChange")), "{:+.0f}%"),
+    "running": lambda r: f"{_fmt(r.get('controlRunning'), '{:.1f}')}/{_fmt(r.get('canaryRunning'), '{:.1f}')}",
+}
 
 
 def _live_lines(st: dict, width: int) -> list[str]:
     """Live mode: the split in words, then the per-stratum table (offered load per fleet pod per
     window; the canary's per-token latency and TTFT change vs the control; both arms' mean running
-    batch, control/canary), then the crossover; a table too wide for ``width`` is one line a stratum."""
+    batch, control/canary), then the crossover; as the per-batch table is drawn, one record a
+    stratum when too narrow.
+    (An abort is said by the rollback line, as any rollback is.)"""
     live = st.get("live")
     if not isinstance(live, dict) or not live:
         return []
@@ -335,20 +348,15 @@ def _live_lines(st: dict, width: int) -> list[str]:
     rows = [r for r in live.get("strata") or [] if isinstance(r, dict)]
     if not rows:
         return out + ["no live windows yet", ""]
-    cells = [[cell(r) for _, _, cell in _LIVE_COLUMNS] for r in rows]
-    widths = [max([w, len(h)] + [len(c[i]) for c in cells]) for i, (h, w, _) in enumerate(_LIVE_COLUMNS)]
+    cells = [[_LIVE_CELL[c.key](r) for c in LIVE_COLUMNS] for r in rows]
+    widths = _widths(cells, LIVE_COLUMNS)
     if sum(widths) + GAP * (len(widths) - 1) <= width:
-        line = lambda parts: (" " * GAP).join(p.ljust(w) if i in (0, 2) else p.rjust(w)  # noqa: E731
-                                              for i, (p, w) in enumerate(zip(parts, widths))).rstrip()
-        out += [line([h for h, _, _ in _LIVE_COLUMNS])] + [line(c) for c in cells]
+        out += _render_table(list(range(len(LIVE_COLUMNS))), widths, cells, LIVE_COLUMNS)
     else:
-        for c in cells:
-            out += _wrap("  ".join(f"{h} {v}" for (h, _, _), v in zip(_LIVE_COLUMNS, c)), width, indent="    ")
+        out += _render_records(cells, width, LIVE_COLUMNS)
     if live.get("crossoverOffered") is not None:
         out += _wrap(f"lookahead stops paying at {live['crossoverOffered']:.3g} requests per pod per window "
                      f"(the control's running batch there: {_fmt(live.get('crossoverBatch'), '{:.1f}')})", width)
-    if live.get("abort"):
-        out += _wrap(f"aborted: {live['abort']}", width)
     return out + [""]
 
 

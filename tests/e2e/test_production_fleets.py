@@ -49,6 +49,7 @@ from lookahead_operator.controller import builders as b
 from lookahead_dev import prometheus_operator as po
 from lookahead_dev.devcluster import wait_for
 from lookahead_dev.node import EXTENDED_RESOURCES
+from lookahead_dev.traffic import format_failures
 from lookahead_dev.webhook_receiver import WebhookReceiver
 
 from . import together
@@ -778,14 +779,10 @@ def live_a_canary_that_fails_requests_is_aborted_within_a_minute_of_its_first_er
     # what was in flight, and kube-proxy's rules catching up with the EndpointSlice on a busy
     # node: 10 s), and at most what ~1/6 of 2 requests a second brings in that time
     late = [r for r in failures if r["started_at"] > removed[0] + 10]
-    assert not late, format_failures_of(late)
+    assert not late, (f"{len(late)} failed after the canary left at {removed[0]:.1f}", format_failures(summary))
     assert len(failures) <= 0.5 * (removed[0] - joined[0]) + 5, (len(failures), removed[0] - joined[0])
     assert sanitized(apps, ns, LIVE_FLEET)["spec"] == before["spec"], "the fleet was not touched"
     assert core.read_namespaced_service("chat", ns).spec.to_dict() == service
-
-
-def format_failures_of(reqs: list[dict]) -> str:
-    return "; ".join(f"#{r['id']} at {r['started_at']:.1f}: {r.get('error')}" for r in reqs[:10])
 
 
 def test_live_a_canary_that_fails_requests_is_aborted_within_a_minute_of_its_first_error(

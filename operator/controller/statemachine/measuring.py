@@ -17,7 +17,7 @@ from lookahead_operator.controller.statemachine.clocks import (
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.world import ActionKind
 from lookahead_operator.measurement.results import StepMeasurement
-from lookahead_operator.api.spec import CanaryCapacity, LookaheadPolicySpec
+from lookahead_operator.api.spec import CanaryCapacity, LoadMode, LookaheadPolicySpec
 from lookahead_operator.controller import conditions
 from lookahead_operator.api.status import Phase
 
@@ -46,7 +46,9 @@ def _launching(ctx: PassContext) -> None:
     ctx.progress.step, ctx.progress.step_started_at, ctx.progress.measuring_since = 0, world.now, world.now
     _new_load_run(ctx.progress)
     ctx.status.batches = []
-    ctx.transition(Phase.Measuring, "Measuring", f"measuring batch size {ctx.progress.batch_sizes[0]}")
+    ctx.transition(Phase.Measuring, "Measuring",
+                   "live: canary and control serve their share of the fleet's traffic"
+                   if spec.load.mode == LoadMode.live else f"measuring batch size {ctx.progress.batch_sizes[0]}")
     ctx.wait(0)
 
 
