@@ -238,8 +238,11 @@ def test_live_modes_reads_agree_with_the_engines_own(run):
             bounds = run[c]["bounds"][role]
             where = f"batch {c} {role}"
             means = observations.gauge_series_means(run_prom_url(run), M.running, labels(role), bounds)
-            assert len(means) == INTERVALS and all(len(m) == 1 and 0.7 * c <= m[0] <= c + 1e-9 for m in means), \
+            # (a closed loop is briefly short of c while a finished request is replaced: a scrape at
+            # that moment reads c - 1, so at batch 1 one window of 1 s scrapes read 0.67)
+            assert len(means) == INTERVALS and all(len(m) == 1 and 0.5 * c <= m[0] <= c + 1e-9 for m in means), \
                 (where, means)
+            assert sum(m[0] for m in means) / INTERVALS >= 0.8 * c, (where, means)
             whole = observations.merged(run[c]["prometheus"][role])
             assert whole.start == run[c]["prometheus"][role][0].start and whole.end == run[c]["prometheus"][role][-1].end
             assert whole.get(M.generation_tokens) == pytest.approx(
