@@ -170,9 +170,12 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     """The decision from ``status.live``'s strata (pure; ``stats.live.read_run`` reads them as the
     sweep's rules read batch sizes):
 
+    * no run of Wins from the lowest visited stratum and a visited stratum loses (NoGain or
+      Regresses): **Rollback**, lookahead measured not to pay at a load the fleet carries (also when
+      a briefly visited lower load is still Pending: nothing could be enabled there alone, since
+      lookahead is enabled from batch 1 up, and a Pending answer is not a win);
     * no stratum visited (fewer than ``load.minSamplesPerStep`` windows each), or the run from the
-      lowest visited stratum starts Pending: **Inconclusive** (Pending is never a win);
-    * the lowest visited stratum loses (NoGain or Regresses): **Rollback**;
+      lowest visited stratum starts Pending with no loss measured above: **Inconclusive**;
     * a run of Wins: lookahead on up to the control's mean running batch in the run's busiest
       stratum (rounded up: the batch size that load corresponds to on the fleet as it runs), below
       the crossover's when one was measured, and off above: **PromoteRegimeAware**, or **Promote**
@@ -188,15 +191,19 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     evidence = {"live": live.to_dict() if live is not None else None, "minWindows": minimum,
                 "maxBatchSize": max_batch_size}
     first = next((i for i, v in enumerate(visited) if v), None)
-    if first is None or (not run and not outcomes[first].loss):
+    loss = next((i for i, v in enumerate(visited) if v and outcomes[i].loss), None)
+    if not run and loss is not None:
+        where = ("the fleet's lowest load measured" if loss == first else
+                 f"a load the fleet carries, and the lower load it visited has no answer "
+                 f"({_row_words(strata[first])})")
+        return Decision(action=DecisionAction.Rollback,
+                        reason=f"live: lookahead does not pay at {where} ({_row_words(strata[loss])}); {table}",
+                        evidence=evidence)
+    if first is None or not run:
         why = ("no offered-load stratum got " f"{minimum} windows of live traffic" if first is None else
                f"the lowest stratum the traffic visited has no answer ({_row_words(strata[first])})")
         return Decision(action=DecisionAction.Inconclusive, reason=f"live: {why} by the analysis deadline; "
                                                                    f"lookahead stays off ({table})", evidence=evidence)
-    if not run:
-        return Decision(action=DecisionAction.Rollback,
-                        reason=f"live: lookahead does not pay at the fleet's lowest load measured "
-                               f"({_row_words(strata[first])}); {table}", evidence=evidence)
     top = max_batch_size or DEFAULT_MAX_BATCH_SIZE
     busiest = max((strata[i].control_running or 0.0) for i in run)
     cap = max(1, math.ceil(busiest - 1e-9))

@@ -8,7 +8,8 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from lookahead_operator.api.status import ConditionType, DecisionAction, LiveStatus, LookaheadPolicyStatus, Phase
+from lookahead_operator.api.status import (ConditionType, DecisionAction, LiveStatus, LiveStratum,
+                                           LookaheadPolicyStatus, Phase)
 from lookahead_operator.controller import livesplit
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import ActionKind as K
@@ -175,6 +176,29 @@ def test_a_loss_at_the_fleets_load_rolls_back():
     assert d.action == DecisionAction.Rollback
     _, w = run(replace(w, decision=d))
     assert w.status.phase == Phase.RolledBack
+
+
+def _table_decision(*rows):
+    """decision() on a status.live table of (windows, outcome) rows, one per doubling of load."""
+    strata = [LiveStratum(index=i, offered_low=2.0 ** i, offered_high=2.0 ** (i + 1), windows=n, outcome=o,
+                          latency_change=0.2, control_running=1.0 + i) for i, (n, o) in enumerate(rows)]
+    return live_measure.decision(SPEC, LookaheadPolicyStatus(live=LiveStatus(strata=strata)), max_batch_size=32)
+
+
+def test_a_loss_where_the_fleet_runs_rolls_back_though_a_brief_lower_load_is_pending():
+    # CI's run of the loss e2e: traffic dipped into the stratum below for 7 windows, too few to
+    # tell, and the two strata it spent 63 windows in regressed: that is a measured loss
+    enough = SPEC.load.min_samples_per_step
+    d = _table_decision((enough, "Pending"), (3 * enough, "NoGain"), (6 * enough, "Regresses"))
+    assert d.action == DecisionAction.Rollback
+    assert "lower load it visited has no answer" in d.reason and "Regresses" in d.reason
+    # Pending at the bottom with nothing lost above, or nothing visited: no answer either way
+    assert _table_decision((enough, "Pending"), (enough, "Wins")).action == DecisionAction.Inconclusive
+    assert _table_decision((enough - 1, "Regresses")).action == DecisionAction.Inconclusive
+    # a run of Wins from the bottom still promotes up to its busiest stratum, off above the loss
+    d = _table_decision((0, "Pending"), (enough, "Wins"), (enough, "Wins"), (enough, "Regresses"))
+    assert d.action == DecisionAction.PromoteRegimeAware
+    assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 3, True), (4, 32, False)]
 
 
 def test_edges_put_the_fleets_load_in_the_middle_of_a_stratum_one_per_doubling():
