@@ -37,7 +37,7 @@ from lookahead_operator.api.spec import LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, DecisionAction, LiveStratum, LookaheadPolicyStatus, RegimeRange
 from lookahead_operator.measurement import prometheus
 from lookahead_operator.measurement.measure import (
-    _prom,
+    prom_client,
     finished_by_reason,
     role_labels,
     scraped_until,
@@ -123,7 +123,7 @@ def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lookahea
     since = p.measuring_since
     if since is None:
         return LiveMeasurement(windows=0, note="canary and control are not serving yet")
-    prom = _prom(spec, access)
+    prom = prom_client(spec, access)
     names = metric_names(status_engine(status))
     fleet = _fleet_match(targets)
     start = since.timestamp()

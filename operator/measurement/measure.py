@@ -59,7 +59,7 @@ READ_ERRORS: tuple[type[BaseException], ...] = (prometheus.ObservationError, OSE
 PROM_TIMEOUT_S = 10
 
 
-def _prom(spec: LookaheadPolicySpec, access: prometheus.PrometheusAccess | None = None):
+def prom_client(spec: LookaheadPolicySpec, access: prometheus.PrometheusAccess | None = None):
     """The client of every query the operator makes (``prometheus.connect``: cached per URL and
     credentials, so its HTTP connections are reused across passes and a changed Secret gets a new
     one). ``access``: ``analysis.prometheus`` with its Secrets read (``controller.observe``); without
@@ -225,7 +225,7 @@ def _fleet_preflight_signals(spec: LookaheadPolicySpec, targets: Sequence[FleetT
     GPU series by either label pair), GPU_UTIL as a fraction. The engines' window closes where every
     engine series has been scraped; the GPU gauges are read up to now (dcgm-exporter is scraped on
     its own schedule, possibly after the engines' last sample)."""
-    prom = _prom(spec, access)
+    prom = prom_client(spec, access)
     names = metric_names(targets[0].engine or "reference")
     namespaces = sorted({t.namespace for t in targets})
     pods = [t.name for t in targets]
@@ -275,7 +275,7 @@ def batch_verdict(spec: LookaheadPolicySpec, policy: tuple[str, str], batch_size
     and tail; ``family_split``). The tail (p95/p99 per-token latency from the histogram buckets
     over the whole step) is a veto: a canary faster on the mean but with a tail beyond
     ``maxTailLatencyRegression`` Regresses."""
-    prom = _prom(spec, access)
+    prom = prom_client(spec, access)
     names = metric_names(engine)
     th = family_thresholds(spec, planned)
     start = start + spec.load.warmup
@@ -408,7 +408,7 @@ def guard_mode(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, now: da
     t0 = t1 - max(PRODUCTION_LOOKBACK_S, 4 * spec.analysis.sample_interval.total_seconds())
     labels, regex = prometheus.pod_match("namespace", "pod", sorted({ns for ns, _ in pods.targets}),
                                          [name for _, name in pods.targets], deployments=True)
-    started = prometheus.counter_increase(_prom(spec, access), f"{names.ttft}_count", labels, t0, t1, regex=regex,
+    started = prometheus.counter_increase(prom_client(spec, access), f"{names.ttft}_count", labels, t0, t1, regex=regex,
                                           count_ended=True)
     if started is None:
         sel = prometheus.selector(labels, regex)
@@ -446,7 +446,7 @@ def production_guard(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, n
     if not promoted or not baseline:
         return GuardCheck(False, f"guard: waiting for ready {'promoted' if not promoted else 'baseline'} pods",
                           enough_data=False, mode=GUARD_PRODUCTION)
-    prom = _prom(spec, access)
+    prom = prom_client(spec, access)
     names = metric_names(status_engine(status))
     interval = spec.analysis.sample_interval.total_seconds()
     t0 = (start + timedelta(seconds=interval)).timestamp()
@@ -497,7 +497,7 @@ def synthetic_guard(spec: LookaheadPolicySpec, policy: tuple[str, str], status: 
         return GuardCheck(False, "guard: waiting for the guard load's pods to run", enough_data=False)
     pod_ns = promoted_job["metadata"]["namespace"]
     pod = promoted_job["metadata"]["labels"][api.LABEL_POD]
-    prom = _prom(spec, access)
+    prom = prom_client(spec, access)
     names = metric_names(status_engine(status))
     interval = spec.analysis.sample_interval.total_seconds()
     start = start + timedelta(seconds=interval)  # let the closed loop fill

@@ -9,7 +9,7 @@ to a request without the right bearer token, and forwards the rest to the real, 
 Prometheus.
 
 Every query goes the operator's way: the spec's ``analysis.prometheus`` and its Secrets' values ->
-``prometheus.access_from_spec`` -> ``measure._prom`` (``prometheus.connect``) -> the query functions
+``prometheus.access_from_spec`` -> ``measure.prom_client`` (``prometheus.connect``) -> the query functions
 the measurement uses (``prometheus.raw_samples``, which raises ``ObservationError``, a read error).
 Reading the Secrets through the kube layer and the condition a missing one gives are unit-tested
 (tests/unit/controller/test_prometheus_credentials.py).
@@ -122,7 +122,7 @@ CA = {"ca": {"secret": {"name": "prom", "key": "ca.crt"}}}
 def query(spec: LookaheadPolicySpec, store: Store) -> dict:
     """One query the operator's way; raises ``prometheus.ObservationError`` (a read error)."""
     access = prometheus.access_from_spec(spec.analysis.prometheus, store.read)
-    client = measure._prom(spec, access)
+    client = measure.prom_client(spec, access)
     now = time.time()
     # what every measurement reads with: raw samples of a series (Prometheus' own, scraped by none:
     # an empty answer is an answer), then a constant to see a value come back
@@ -308,15 +308,15 @@ def test_secrets_read_through_the_kube_layer_reach_the_https_prometheus(kube_api
     k = Kube(devcluster.api_client())                                   # the operator's own client layer
     access = observe.prometheus_access(k, policy_namespace, spec)
     assert access.error is None and access.basic_auth == (USER, PASSWORD)
-    (row,) = measure._prom(spec, access).custom_query(query="vector(7)")
+    (row,) = measure.prom_client(spec, access).custom_query(query="vector(7)")
     assert row["value"][1] == "7"
     core.patch_namespaced_secret("prom", policy_namespace, {"stringData": {"password": "rotated"}})
     rotated = observe.prometheus_access(k, policy_namespace, spec)
     assert rotated.basic_auth == (USER, "rotated")                       # picked up on the next pass
     with pytest.raises(Exception, match="HTTP Status Code 401"):
-        measure._prom(spec, rotated).custom_query(query="vector(7)")
+        measure.prom_client(spec, rotated).custom_query(query="vector(7)")
     core.delete_namespaced_secret("prom", policy_namespace)
     gone = observe.prometheus_access(k, policy_namespace, spec)
     assert gone.error == f"analysis.prometheus.basicAuth.username: Secret {policy_namespace}/prom not found"
     with pytest.raises(prometheus.CredentialsError):
-        measure._prom(spec, gone)
+        measure.prom_client(spec, gone)

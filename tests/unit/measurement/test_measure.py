@@ -266,7 +266,7 @@ def test_a_step_measures_from_when_both_load_pods_run_not_from_when_it_started(m
     for i, (name, labels, pts) in enumerate(store.series):   # scraped, at zero, while it waited for load
         if labels.get("pod") == "k-0":
             store.series[i] = (name, labels, [(t, 0.0) for t in np.arange(T0.timestamp() - 20, late - 20, 1.0)] + pts)
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: store)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: store)
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}},
                                                "engine": "reference", "load": {"batchSizes": [1], "warmup": "10s"}})
     status = _measuring_status([1])
@@ -285,7 +285,7 @@ def test_a_canary_faster_on_the_mean_with_a_p99_several_times_worse_regresses_an
     """Issue 11: the step reads p95/p99 per-token latency from the per-token histogram's buckets (the
     same Prometheus series as the means) and the tail vetoes the win. Before, the row said Wins and
     the policy promoted lookahead at batch 1."""
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: _tail_canary_store())
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: _tail_canary_store())
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}},
                                                "engine": "reference", "load": {"batchSizes": [1]}})
     status = _measuring_status([1])
@@ -311,7 +311,7 @@ def test_a_canary_faster_on_the_mean_with_a_p99_several_times_worse_regresses_an
 
 def test_a_looser_tail_tolerance_lets_the_same_canary_win(monkeypatch):
     """maxTailLatencyRegression reaches the comparison: at 1000% (11x) the same p99 is tolerated."""
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: _tail_canary_store())
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: _tail_canary_store())
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "x"}}},
                                                "engine": "reference", "load": {"batchSizes": [1]},
                                                "analysis": {"maxTailLatencyRegression": "1000%"}})
@@ -364,7 +364,7 @@ def test_guard_compares_the_promoted_pod_with_the_control_at_the_split_confidenc
     store = Store()
     _counter(store, {"namespace": "serving", "pod": "a-1"}, 40.0, T0.timestamp(), 120, rng)
     _counter(store, {**measure.role_labels(("inference", "p"), "control"), "pod": "c-0"}, 50.0, T0.timestamp(), 120, rng)
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: store)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: store)
     job = {"metadata": {"namespace": "serving", "creationTimestamp": T0.isoformat(),
                         "labels": {"lookahead.dev/run": "5", "lookahead.dev/drives": "promoted",
                                    "lookahead.dev/pod": "a-1"}}}
@@ -427,7 +427,7 @@ def test_a_scrape_gap_in_one_role_leaves_that_window_out_of_the_pairs_instead_of
     lab = {role: measure.role_labels(("ns", "p"), role) for role in ("control", "canary")}
     _stepped_run(store, {**lab["control"], "pod": "c-0"}, rates, start, interval, gap={start + 3, start + 4})
     _stepped_run(store, {**lab["canary"], "pod": "k-0"}, canary_rates, start, interval)
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: store)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: store)
     spec = LookaheadPolicySpec.model_validate({
         "targets": {"selector": {"matchLabels": {"app": "x"}}}, "engine": "reference",
         "load": {"batchSizes": [1], "warmup": "2s", "stepDuration": "60s", "minSamplesPerStep": 3},
@@ -583,7 +583,7 @@ def test_the_runtime_preflight_reads_the_fleet_pods_and_their_gpus(monkeypatch):
     series by namespace / pod (``<deployment>-...``), GPU series by either label pair."""
     from lookahead_operator.controller.world import Target
 
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: _fleet_store())
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: _fleet_store())
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}}})
     st = measure.read_preflight(spec, [Target(namespace="inference", name="chat", engine="vllm")], now=200.0).status
     assert st.signals["grEngineActive"] == pytest.approx(0.5) and st.signals["dramActive"] == pytest.approx(0.4)
@@ -619,7 +619,7 @@ def test_a_fleet_pod_replaced_inside_the_window_still_counts_toward_the_prefligh
         return fresh(query, params)
 
     store.custom_query = only_fresh_series
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: store)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: store)
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}}})
     st = measure.read_preflight(spec, [Target(namespace="inference", name="chat", engine="vllm")], now=200.0).status
     assert st.signals["prefillSeconds"] == pytest.approx(0.1) and st.signals["decodeSeconds"] == pytest.approx(2.0)
@@ -631,7 +631,7 @@ def test_the_runtime_preflight_degrades_when_prometheus_cannot_be_read(monkeypat
         def custom_query(self, query, params=None):
             raise ConnectionError("refused")
 
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: Down())
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: Down())
     spec = LookaheadPolicySpec.model_validate({"targets": {"selector": {"matchLabels": {"app": "chat"}}}})
     st = measure.read_preflight(spec, [sm.Target(namespace="inference", name="chat")], now=200.0).status
     assert st.candidate and st.verdict == "Unknown" and st.batch_sizes == [1, 8]
@@ -676,7 +676,7 @@ def test_the_production_guard_compares_promoted_pods_with_the_fleet_and_control_
     _serving_pod(store, {"namespace": "serving", "pod": "a-7"}, promoted_s, 0.5, T0.timestamp(), 320, 1)
     _serving_pod(store, {"namespace": "serving", "pod": "b-1"}, 0.010, 0.5, T0.timestamp(), 320, 2)
     _serving_pod(store, {"namespace": "serving", "pod": "c-0"}, 0.010, 0.5, T0.timestamp(), 320, 3)
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: store)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: store)
     check = measure.guard(_spec(), ("inference", "p"), _production_status(), T0 + timedelta(seconds=300), [], SIDES)
     assert check.mode == "production" and check.enough_data, check.message
     assert check.regressed is regressed, check.message
@@ -691,17 +691,17 @@ def test_the_production_guard_compares_promoted_pods_with_the_fleet_and_control_
 def test_the_guard_chooses_production_mode_only_for_a_fleet_that_served_requests(monkeypatch):
     store = Store()
     _serving_pod(store, {"namespace": "serving", "pod": "a-5d8f-x"}, 0.010, 0.2, T0.timestamp(), 320, 1)
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: store)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: store)
     now = T0 + timedelta(seconds=300)
     serving = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
     assert serving.mode == "production" and not serving.regressed and not serving.enough_data, serving.message
     idle = Store()
     _serving_pod(idle, {"namespace": "serving", "pod": "a-5d8f-x"}, 0.010, 0.0, T0.timestamp(), 320, 1)
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: idle)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: idle)
     check = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
     assert check.mode == "synthetic" and "idle" in check.message and not check.enough_data and not check.warning
     unscraped = Store()   # the fleet's pods are not scraped at all: synthetic, and said as a warning
-    monkeypatch.setattr(measure, "_prom", lambda spec, access=None: unscraped)
+    monkeypatch.setattr(measure, "prom_client", lambda spec, access=None: unscraped)
     check = measure.guard(_spec(), ("inference", "p"), _production_status(None), now, [], SIDES)
     assert check.mode == "synthetic" and check.warning and "not scraped by Prometheus" in check.message
 

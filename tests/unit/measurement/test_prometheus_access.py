@@ -178,9 +178,9 @@ def test_every_measurement_raises_the_credentials_error_and_the_preflight_says_i
     bad = prometheus.PrometheusAccess("http://p:9090", error="analysis.prometheus.basicAuth.password: Secret "
                                                              "team-a/prom not found")
     with pytest.raises(prometheus.CredentialsError, match="Secret team-a/prom not found"):
-        measure._prom(spec, bad)
+        measure.prom_client(spec, bad)
     with pytest.raises(prometheus.CredentialsError, match="was not read"):
-        measure._prom(spec)                                # never queried without its credentials
+        measure.prom_client(spec)                                # never queried without its credentials
     now = datetime(2026, 12, 5, 9, tzinfo=timezone.utc)
     measuring = LookaheadPolicyStatus.model_validate({"phase": "Measuring", "progress": {
         "batchSizes": [1], "step": 0, "loadStartedAt": "2026-12-05T08:50:00Z"}})
