@@ -16,7 +16,11 @@ The fleet and its pods (per window w, per seed):
   down), ``diurnal`` (a log-sinusoid over the run, random phase), ``bursts`` (a low base with bursts
   to the top 40% of the range lasting 30 s to 2.5 min). The stratum key is the fleet's requests per
   pod in the window: Poisson over FLEET_PODS pods, so it is noisy near an edge, and it does not
-  depend on either arm. Strata: one per doubling of it over the scenario's range (`live_strata`).
+  depend on either arm. Strata: the operator's own (`measurement.live.edges_from_rate`), per seed,
+  from the fleet's requests per pod over the PRE_PERIOD_S before the arms serve (the schedule's
+  load at the run's start, Poisson over FLEET_PODS pods): one per doubling, that load in the middle
+  of one, two doublings either side and the open ends (`seed_strata`). A ramp or a burst that
+  leaves that range lands in an open end, as it would on the operator.
 - *Each arm* is ARM_PODS pods. Its decode batch B follows Little's law as a fixed point,
   B = lambda_arm x OUTPUT_TOKENS x tpot_arm(B) x f, with tpot_arm the simulator's roofline curve
   (`RooflineSimulator.expected_per_token_seconds`, vectorised here and checked against it) and f
@@ -77,6 +81,7 @@ import numpy as np
 from lookahead_canary.simulator import RooflineSimulator, SimConfig
 from lookahead_operator.api.spec import AbortSpec
 from lookahead_operator.controller.livesplit import AbortSignal, abort_reason
+from lookahead_operator.measurement.live import PRE_PERIOD_S, edges_from_rate
 from lookahead_operator.measurement.stats import (ArmWindow, LiveComparison, LiveWindow, PairedComparison, Strata,
                                                   StratumOutcome, Thresholds, live_thresholds, read_run)
 
@@ -91,7 +96,6 @@ MAX_NUM_SEQS = 64
 ROUTER_GAMMA = 0.5
 POOL_ARRIVAL_NOISE = 0.5
 FREEZE = False
-STRATA_RATIO = 2.0
 ERROR_RATE = 0.001
 PEAK_UTILISATION = 0.8  # the peak offered load, as a share of the slower arm's capacity
 ABORT = AbortSpec()  # the safety abort at the CRD's defaults (analysis.abort)
@@ -260,6 +264,7 @@ class LiveStreams:
     canary: Arm
     truth: np.ndarray  # log of the true latency ratio at the window's offered load
     control_batch: np.ndarray  # the control's noise-free batch at the window's offered load
+    pre_rate: np.ndarray  # per seed: the fleet's requests per pod per window before the arms served
 
 
 def _slowness(nz: bd.Noise, common: np.ndarray, rng: np.random.Generator, shape) -> np.ndarray:
@@ -297,6 +302,8 @@ def make_live_streams(sc: LiveScenario, curves: Curves, seeds: int, rng: np.rand
     b_ctl = schedule(sc.schedule, seeds, n, rng, curves.peak)
     lam = b_ctl / (OUTPUT_TOKENS * curves.tpot(b_ctl, False))  # the fleet's arrivals per pod per second
     offered = rng.poisson(lam * WINDOW_S * FLEET_PODS) / FLEET_PODS
+    # the operator's pre-period: the load at the start held for PRE_PERIOD_S, counted over the fleet
+    pre_rate = rng.poisson(lam[:, 0] * PRE_PERIOD_S * FLEET_PODS) / (FLEET_PODS * PRE_PERIOD_S) * WINDOW_S
     b_can, over_can = curves.solve(lam * OUTPUT_TOKENS, True)
     truth = np.log(curves.tpot(b_can, True) / curves.tpot(b_ctl, False))
     common = np.exp(bd._ar1(rng, nz.drift, nz.drift_rho, shape))
@@ -326,7 +333,7 @@ def make_live_streams(sc: LiveScenario, curves: Curves, seeds: int, rng: np.rand
         ttft = np.where(requests == 0, np.nan, ttft)
         errors = rng.binomial(np.rint(requests * ARM_PODS).astype(int), ERROR_RATE) + np.rint(dropped * ARM_PODS)
         arms.append(Arm(lat, rate, ttft, b, requests, errors))
-    return LiveStreams(offered, arms[0], arms[1], truth, b_ctl)
+    return LiveStreams(offered, arms[0], arms[1], truth, b_ctl, pre_rate)
 
 
 # --- the tests, vectorised --------------------------------------------------------------------
@@ -366,12 +373,24 @@ def _masked(a: Arm, m: np.ndarray) -> Arm:
                a.errors)
 
 
-def run_ours(st: LiveStreams, strata: Strata, th: Thresholds, max_ttft: float = 0.5):
+def seed_strata(st: LiveStreams) -> list[Strata]:
+    """Each seed's strata, as the operator fixes them before any window is compared."""
+    return [Strata(edges_from_rate(float(r))) for r in st.pre_rate]
+
+
+def stratum_keys(st: LiveStreams) -> tuple[np.ndarray, int]:
+    """(each window's stratum under its seed's strata (seeds, n), the number of strata)."""
+    strata = seed_strata(st)
+    n_s = max(len(x) for x in strata)
+    return np.stack([x.index(st.offered[s]) for s, x in enumerate(strata)]), n_s
+
+
+def run_ours(st: LiveStreams, th: Thresholds, max_ttft: float = 0.5):
     """Per stratum: (outcome, pairs read, windows in it), each (seeds, n_strata)."""
-    fth = live_thresholds(th, len(strata))
-    key = strata.index(st.offered)
+    key, n_s = stratum_keys(st)
+    fth = live_thresholds(th, n_s)
     outs, reads, windows = [], [], []
-    for s in range(len(strata)):
+    for s in range(n_s):
         m = key == s
         o, r = _outcomes(_masked(st.control, m), _masked(st.canary, m), fth, max_ttft, m)
         outs.append(o)
@@ -417,10 +436,9 @@ def check_against_live_code(th: Thresholds, rng: np.random.Generator, seeds: int
         nz = replace(bd.PROFILES[2], stall_arm=0.05, stall_common=0.05)
         sc = LiveScenario("check", cfg, sched, router, nz)
         curves = Curves(cfg)
-        strata = live_strata(curves)
         st = make_live_streams(sc, curves, seeds, rng)
-        outcome, reads, _ = run_ours(st, strata, th)
-        for s in range(seeds):
+        outcome, reads, _ = run_ours(st, th)
+        for s, strata in enumerate(seed_strata(st)):
             live = LiveComparison(th, strata, freeze=FREEZE)
 
             def arm(a: Arm, w: int) -> ArmWindow:
@@ -579,14 +597,6 @@ def check_abort_against_operator(st: LiveStreams, abort: AbortSpec = ABORT) -> N
                                      f"{ABORT_SIGNALS[codes[s, j]]} against {r}")
 
 
-def live_strata(curves: Curves) -> Strata:
-    """One stratum per doubling of the fleet's offered load over the scenario's range (the loads at
-    which the control runs batch 1 and its peak batch)."""
-    lo, hi = (b / (OUTPUT_TOKENS * float(curves.tpot(np.array(b), False))) * WINDOW_S
-              for b in (BATCH_RANGE[0], curves.peak))
-    return Strata.geometric(lo, hi, STRATA_RATIO)
-
-
 # --- driver -----------------------------------------------------------------------------------
 
 @dataclass
@@ -623,9 +633,8 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
     cache: dict = {}
     for i, sc in enumerate(scenarios):
         if sc.label not in cache:
-            curves = Curves(sc.config)
-            cache[sc.label] = (curves, live_strata(curves))
-        curves, strata = cache[sc.label]
+            cache[sc.label] = Curves(sc.config)
+        curves = cache[sc.label]
         st = make_live_streams(sc, curves, seeds, rng)
         if i % ABORT_CHECK_EVERY == 0:
             check_abort_against_operator(st)
@@ -633,13 +642,11 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
         aborted = abort_codes > 0
         u.aborted += int(aborted.sum())
         u.runs += seeds
-        ours, ours_reads, windows = run_ours(st, strata, th)
+        ours, ours_reads, windows = run_ours(st, th)
         naive, naive_reads = run_naive(st, th)
-        windows = np.stack([(strata.index(st.offered) == s).sum(1) for s in range(len(strata))], 1)
         ours[aborted] = ROLLBACK
         naive[aborted] = ROLLBACK
-        key = strata.index(st.offered)
-        n_s = len(strata)
+        key, n_s = stratum_keys(st)
         truth = np.full((seeds, n_s), np.nan)
         bucket = np.zeros((seeds, n_s), dtype=int)
         for s in range(n_s):

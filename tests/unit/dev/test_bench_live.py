@@ -32,6 +32,22 @@ def test_vectorised_ours_agrees_with_live_comparison():
     bl.check_against_live_code(TH, np.random.default_rng(7), seeds=2)
 
 
+def test_strata_are_the_operators_fixed_per_seed_from_the_load_before_the_arms_serve():
+    from lookahead_operator.measurement.live import STRATA_DOUBLINGS, edges_from_rate
+    sc = bl.LiveScenario("t", CFG, "diurnal", "service", bl.bd.PROFILES[0])
+    st = bl.make_live_streams(sc, bl.Curves(CFG), 40, np.random.default_rng(5))
+    strata = bl.seed_strata(st)
+    assert len({tuple(x.edges) for x in strata}) > 1  # a diurnal phase per seed: strata per seed
+    for s, x in enumerate(strata):
+        assert tuple(x.edges) == edges_from_rate(float(st.pre_rate[s]))
+        assert int(x.index(np.array([st.pre_rate[s]]))[0]) == STRATA_DOUBLINGS  # that load mid-strata
+    # the pre-period's rate is the load the run starts at (its first minute, per pod per window)
+    ratio = st.offered[:, :12].mean(1) / st.pre_rate
+    assert 0.8 < float(np.median(ratio)) < 1.25, ratio
+    key, n_s = bl.stratum_keys(st)
+    assert n_s == 2 * STRATA_DOUBLINGS + 1 and key.shape == st.offered.shape
+
+
 def test_small_fixed_seed_run_gives_the_five_rates_per_method():
     scenarios = bl.live_scenarios()[::54]
     u = bl.run_live(4, TH, seed=3, scenarios=scenarios)
