@@ -54,6 +54,8 @@ from lookahead_operator.controller.builders import owned_metadata, policy_labels
 MAX_WEIGHT = 1_000_000
 #: The Inference Extension's InferencePool, the GA version (inference.networking.k8s.io/v1).
 INFERENCE_POOL_API_VERSION = f"{BACKEND_GROUPS[BackendKind.InferencePool]}/v1"
+#: Gateway API's bound on a rule's backendRefs (HTTPRouteRule.backendRefs: MaxItems=16).
+MAX_BACKEND_REFS = 16
 #: The most replicas per arm a Service split asks for (CanarySpec.replicas' own bound).
 MAX_ARM_REPLICAS = 64
 
@@ -663,6 +665,10 @@ def gateway_split(route: dict, policy: dict, gw: GatewayAPISplit, namespace: str
     route_ns = (base.get("metadata") or {}).get("namespace", "")
     index = find_rule(base, gw)
     refs = (base["spec"]["rules"][index].get("backendRefs") or [])
+    if len(refs) + len(ROLES) > MAX_BACKEND_REFS:
+        raise LiveSplitError("spec.load.gatewayAPI.backendRef",
+                             f"{_route_where(base)} rule {index} holds {len(refs)} backendRefs: with the canary's and "
+                             f"the control's it would hold more than Gateway API's {MAX_BACKEND_REFS}")
     fleet = next((r for r in refs if _matches(r, gw, route_ns)), {})
     port = fleet.get("port") if (fleet.get("kind") or "Service") == "Service" else None
     if port is None and gw.arm_kind == BackendKind.Service:

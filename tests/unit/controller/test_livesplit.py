@@ -416,6 +416,10 @@ def test_gateway_split_service_arms_take_the_fleets_port_and_no_namespace_in_the
     with pytest.raises(LiveSplitError) as exc:  # no rule holds the fleet's backendRef: the field is named
         ls.gateway_split(route([{"backendRefs": [{"name": "x", "port": 1}]}]), POLICY, spec, "gw", 0.25, None)
     assert exc.value.field == "spec.load.gatewayAPI.backendRef"
+    full = [{"backendRefs": [{"name": "chat", "port": 8000}] + [{"name": f"b{i}", "port": 1} for i in range(14)]}]
+    with pytest.raises(LiveSplitError, match="more than Gateway API's 16") as exc:
+        ls.gateway_split(route(full), POLICY, spec, "gw", 0.25, None)
+    assert exc.value.field == "spec.load.gatewayAPI.backendRef"
 
 
 def test_arm_backends_are_owned_services_or_pools_of_the_arm_pods_only():
