@@ -161,20 +161,27 @@ def test_the_safety_abort_restores_the_route_before_anything_else():
     restores_first(plan)
 
 
-@pytest.mark.parametrize("ratio,action", [(0.6, None), (1.6, DecisionAction.Rollback), (1.0, DecisionAction.Inconclusive)])
-def test_deciding_gives_the_route_back_whatever_it_decides(ratio, action):
+@pytest.mark.parametrize("measured,action", [
+    (dict(windows=30, results=results(0.6)), DecisionAction.PromoteRegimeAware),
+    (dict(windows=30, results=results(1.6)), DecisionAction.Rollback),
+    (dict(windows=4, results=results(0.5, n=4)), DecisionAction.Inconclusive),
+])
+def test_deciding_gives_the_route_back_whatever_it_decides(measured, action):
+    from lookahead_operator.measurement import live as live_measure
+
     w = to_measuring(gw_world())
-    m = LiveMeasurement(windows=30, results=results(ratio), canary_recent=healthy(), control_recent=healthy())
+    m = LiveMeasurement(canary_recent=healthy(), control_recent=healthy(), **measured)
     _, w = run(replace(at(w, SPEC.analysis.deadline.total_seconds() + 1), live=m), live=None)
     assert w.status.phase == Phase.Deciding
-    from lookahead_operator.measurement import live as live_measure
     decision = live_measure.decision(SPEC, w.status, max_batch_size=32)
+    assert decision.action == action
     plan, w = run(replace(w, decision=decision))
     assert kinds(plan)[0] == K.RESTORE_ROUTE
-    if decision.action in (DecisionAction.Promote, DecisionAction.PromoteRegimeAware):
-        assert w.status.phase in (Phase.Promoting, Phase.Deciding)  # (waves start with the route the fleet's alone)
+    if action == DecisionAction.PromoteRegimeAware:
+        # the waves start with the route the fleet's alone; the arms stay for the guard's control
+        assert w.status.phase == Phase.Promoting and K.DELETE_ROLES not in kinds(plan)
     else:
-        assert w.status.phase in (Phase.RolledBack, Phase.Failed)
+        assert w.status.phase == (Phase.RolledBack if action == DecisionAction.Rollback else Phase.Failed)
         restores_first(plan)
 
 
@@ -222,3 +229,11 @@ def test_a_lost_arm_is_recreated_with_its_backend_in_measuring():
     assert ks.index(K.ENSURE_ARM_BACKENDS) < ks.index(K.ENSURE_ROLES)
     plan, _ = run(replace(at(w, 20), live=m), live=None)
     assert K.ENSURE_ARM_BACKENDS not in kinds(plan)  # not asked on every pass
+
+
+def test_arms_not_ready_by_the_launch_deadline_fail_with_their_backends_deleted_and_the_route_restored():
+    _, w = to_launching(gw_world())
+    plan, w = run(at(w, 3600))
+    assert w.status.phase == Phase.Failed and "CanaryNotReady" in [r for _, r, _ in plan.events]
+    restores_first(plan)
+    assert K.ENSURE_ARM_BACKENDS not in kinds(plan) and K.ENSURE_ROLES not in kinds(plan)
