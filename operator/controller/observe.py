@@ -34,7 +34,7 @@ from lookahead_operator.api.names import (
 from lookahead_operator.kube import podhttp
 from lookahead_operator.kube.client import Kube, api_message, recently_created
 from lookahead_operator.api.policy import MAX_POLICY_NAME
-from lookahead_operator.api.spec import LoadMode, LoadSplit, LookaheadPolicySpec
+from lookahead_operator.api.spec import BackendKind, LoadMode, LoadSplit, LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
 
 #: world.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
@@ -247,6 +247,16 @@ def _read_live_route(k, world: Observed, spec: LookaheadPolicySpec) -> None:
         world.live_gateway_refusal = ("spec.load.gatewayAPI.backendRef", f"{kind.value} {bns}/{bname} not found")
         return
     world.live_backend.setdefault("kind", kind.value)
+    if world.status.phase == Phase.Preflight and gw.arm_kind == BackendKind.InferencePool \
+            and kind != BackendKind.InferencePool:
+        try:  # InferencePool arms beside a Service fleet: is the kind served at all? (else every create 404s)
+            served = k.serves_inference_pools()
+        except ApiException as exc:
+            served, why = False, f"could not be looked up: {api_message(exc)}"[:300]
+        else:
+            why = "is not served by this cluster (install the Gateway API Inference Extension's CRDs)"
+        if not served:
+            world.live_gateway_refusal = ("spec.load.gatewayAPI.armBackend", f"InferencePool {why}")
 
 
 def _read_pool(k, world: Observed) -> None:

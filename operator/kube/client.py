@@ -218,6 +218,12 @@ class Kube:
         """A Service or an InferencePool by name, None when there is none."""
         return self.request("GET", _backend_path(kind, namespace, name), ignore=(404,))
 
+    def serves_inference_pools(self) -> bool:
+        """Whether the apiserver serves InferencePools (inference.networking.k8s.io/v1): API discovery,
+        which every user may read."""
+        served = self.request("GET", _POOLS, ignore=(404,)) or {}
+        return any(r.get("name") == "inferencepools" for r in served.get("resources") or [])
+
     def nodes(self) -> list[dict]:
         return self._list(f"{_CORE}/nodes")
 

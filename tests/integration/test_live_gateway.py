@@ -321,3 +321,26 @@ def test_a_missing_route_is_refused_at_preflight_naming_the_field_and_nothing_is
     assert accepted.reason == "LiveSplitRefused" and "spec.load.gatewayAPI.httpRouteRef" in accepted.message
     assert [a.kind for a in plan.actions] == [K.RELEASE]
     assert _backends(kube_api, ns, "Service") == {}
+
+
+def test_inference_pool_arms_beside_a_service_fleet(kube_api, namespace):
+    """armBackend InferencePool with a Service as the fleet's backendRef: Preflight finds the kind
+    served (API discovery), the arm pools take the Service's numeric target ports."""
+    ns = namespace
+    _fleet(kube_api, ns)
+    client.CoreV1Api(kube_api).create_namespaced_service(ns, {"metadata": {"name": "chat"}, "spec": {
+        "selector": {"app": "llm-chat"}, "ports": [{"name": "http", "port": 80, "targetPort": 8000}]}})
+    _route(kube_api, ns, {"name": "chat", "port": 80})
+    policy = _policy(kube_api, ns, {"httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat", "port": 80},
+                                    "armBackend": "InferencePool",
+                                    "endpointPickers": {"canary": {"name": "epp-canary"},
+                                                        "control": {"name": "epp-control"}}})
+    op = _claimed(Operator(kube_api, policy, LookaheadPolicyStatus()))
+    before = _launch_and_split(kube_api, op, ns, "InferencePool")
+    assert _backends(kube_api, ns, "InferencePool")["control"]["spec"]["targetPorts"] == [{"number": 8000}]
+    refs = _read_route(kube_api, ns)["spec"]["rules"][1]["backendRefs"]
+    assert refs[1]["kind"] == "InferencePool" and "port" not in refs[1]
+    op.policy = {**op.policy, "metadata": {**op.policy["metadata"], "annotations": {ANNOTATION_ABORT: "true"}}}
+    op.pass_()
+    _same_route(before, _read_route(kube_api, ns))
+    assert _backends(kube_api, ns, "InferencePool") == {}
