@@ -8,10 +8,10 @@ PY ?= python3
 export PYTHONSAFEPATH := 1
 export LOOKAHEAD_CACHE ?= $(HOME)/.cache/lookahead-rollout
 
-.PHONY: lint-imports deps deps-python deps-system control-plane engines-venv node registry images prometheus prometheus-operator test test-unit demo crds cluster-up cluster-down \
+.PHONY: lint-imports deps deps-python deps-system control-plane engines-venv node registry images prometheus prometheus-operator gateway-crds test test-unit demo crds cluster-up cluster-down \
         bench-engine bench-decision bench-operator lint-chart soak
 
-deps: deps-system deps-python control-plane engines-venv node registry images prometheus prometheus-operator
+deps: deps-system deps-python control-plane engines-venv node registry images prometheus prometheus-operator gateway-crds
 
 deps-system:
 	bash hack/install-system-deps.sh
@@ -49,6 +49,11 @@ prometheus: deps-system
 # tests/integration/test_prometheus_operator.py (our PodMonitors under a kube-prometheus-stack selector)
 prometheus-operator: deps-system
 	bash hack/build-prometheus-operator.sh
+
+# Gateway API's HTTPRoute CRD and the Inference Extension's InferencePool CRD, from the Go module
+# proxy, for the tests of live mode's split gatewayAPI (tests/integration/test_live_gateway.py)
+gateway-crds:
+	bash hack/fetch-gateway-crds.sh
 
 crds:
 	$(PY) -m lookahead_dev.crdgen

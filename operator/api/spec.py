@@ -657,7 +657,8 @@ class LoadSpec(ApiModel):
     traffic (required in this mode), split by ``split``: ``service`` (the arm pods join the fleet's
     Service; the share follows from replica counts; ``stepDuration`` is the least time measured,
     ``minSamplesPerStep`` the windows a stratum needs) or ``gatewayAPI`` (the weights of a rule of
-    your HTTPRoute, ``gatewayAPI``: refused at run time in this version, its wiring is not there).
+    your HTTPRoute, ``gatewayAPI``: exact integer weights; the rule's backendRefs are saved on the
+    route and written back verbatim on every exit).
     docs/operator.md, "Live mode".
 
     ``batchSizes`` omitted (or empty) means *auto*: from the fleet's own running-request

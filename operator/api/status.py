@@ -391,6 +391,10 @@ class LiveStatus(StatusModel):
     arm_replicas: Optional[int] = Field(default=None, ge=0, description="Replicas per arm, fixed at Preflight (from "
                                                                         "the fleet's replicas and load.livePercent).")
     message: str = Field(default="", max_length=MAX_MESSAGE, description="The split, in words.")
+    route: Optional[str] = Field(
+        default=None, max_length=MAX_SHORT,
+        description="split gatewayAPI: the HTTPRoute (namespace/name) whose rule is re-weighted, fixed at Preflight: "
+                    "every exit restores it from its annotation.")
     windows: int = Field(default=0, ge=0, description="Windows read so far.")
     strata: Optional[list[LiveStratum]] = Field(default=None, max_length=17)
     enabled_below: Optional[float] = Field(

@@ -24,7 +24,7 @@ from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import Action, ActionKind, Observed, Target
 from lookahead_operator.kube.client import Kube, api_message
 from lookahead_operator.api.names import ANNOTATION_OWNER, ANNOTATION_PROMOTED, ROLES
-from lookahead_operator.api.spec import CanaryCapacity, LoadMode, LookaheadPolicySpec
+from lookahead_operator.api.spec import CanaryCapacity, LoadMode, LoadSplit, LookaheadPolicySpec
 
 log = logging.getLogger("lookahead_operator")
 
@@ -136,7 +136,10 @@ def _ensure_roles(c: Ctx, a: Action) -> None:
     engine = source.engine or "reference"
     replicas = a.replicas or c.spec.canary.replicas
     live = c.spec.load.mode == LoadMode.live
-    if live and w.live_service is None:
+    gateway = live and c.spec.load.split == LoadSplit.gateway_api
+    if gateway and w.live_backend is None:
+        return  # the fleet's backend unread (observe said why): its selector must come off the arm pods first
+    if live and not gateway and w.live_service is None:
         return  # no Service to join (observe said why; Preflight refuses it): arms that serve no one are not made
     if c.spec.canary.capacity == CanaryCapacity.carve_out and not b.carved_replicas(d):
         # their replicas out of the fleet first, saved on it in the same write: a full GPU pool
@@ -157,7 +160,9 @@ def _ensure_roles(c: Ctx, a: Action) -> None:
             continue
         obj = b.build_role_deployment(d, c.body, role, replicas, role_transform(c.spec, role, engine),
                                       engines.is_engine_container, default_port=default_port)
-        if live:  # split service: their pods join the fleet's Service (its selector's labels back on them)
+        if gateway:  # split gatewayAPI: reached through their own backends only, never the fleet's
+            obj = livesplit.gateway_arm_template(obj, w.live_backend)
+        elif live:  # split service: their pods join the fleet's Service (its selector's labels back on them)
             obj = livesplit.live_service_template(obj, w.live_service, d)
         if c.k.create_if_absent(obj):
             post_event(c.k, c.body, "Normal", "Launched",
@@ -366,6 +371,93 @@ def _restore(c: Ctx, a: Action) -> None:
         _replace_checked(c, ns, name, write)
 
 
+def _ensure_arm_backends(c: Ctx, a: Action) -> None:
+    """``split: gatewayAPI``: each arm's own Service or InferencePool (``livesplit.arm_backends``),
+    owned by the policy, beside the arm pods; nothing while the fleet's backend is unread."""
+    w = c.world
+    if w.live_backend is None or c.spec is None or c.spec.load.gateway_api is None:
+        return
+    for role, obj in livesplit.arm_backends(c.body, c.spec.load.gateway_api, _roles_namespace(w),
+                                            w.live_backend).items():
+        if c.k.create_if_absent(obj):
+            post_event(c.k, c.body, "Normal", "Launched", f"created {role}'s {obj['kind']} "
+                       f"{obj['metadata']['namespace']}/{obj['metadata']['name']}")
+
+
+def _split_route(c: Ctx, a: Action) -> None:
+    """Re-weight the route's rule (``livesplit.gateway_split``: its backendRefs saved verbatim on
+    the route in the same write): read fresh, then one PUT carrying that resourceVersion; on a 409
+    (the route changed since: a user, a gateway controller) read again and split that
+    (``WRITE_ATTEMPTS``). A route already split so is not written; a route gone is not split (the
+    next pass reads it and the state machine decides)."""
+    w, gw = c.world, c.spec.load.gateway_api if c.spec is not None else None
+    if gw is None or a.route is None:
+        return
+    for attempt in range(WRITE_ATTEMPTS):
+        route = c.k.get_http_route(*a.route)
+        if route is None:
+            return
+        want = livesplit.gateway_split(route, c.body, gw, _roles_namespace(w), c.spec.load.live_percent or 0.0,
+                                       w.live_backend)
+        if livesplit.route_split_in_place(route, want):
+            return
+        try:
+            c.k.replace_http_route(want.route)
+        except ApiException as exc:
+            if exc.status == 409 and attempt + 1 < WRITE_ATTEMPTS:
+                continue
+            raise
+        post_event(c.k, c.body, "Normal", "RouteSplit",
+                   f"HTTPRoute {a.route[0]}/{a.route[1]} rule {want.rule_index}: the fleet's backendRef weight "
+                   f"{want.weights.fleet}, canary and control {want.weights.arm} each "
+                   f"({want.weights.share * 100:.4g}% each); its backendRefs as they were are saved on it")
+        return
+
+
+def _restore_route(c: Ctx, a: Action) -> None:
+    """Put the route's split rule back exactly (``livesplit.restore_route``: the saved backendRefs
+    verbatim, the annotation removed), from the annotation on the route as read now (after an
+    operator restart too): one PUT with the resourceVersion read, re-read on a 409. A route that
+    is not split (restored before, never split) or gone is left alone. An annotation that cannot be
+    read, or a split rule the user removed, cannot be put back: a Warning Event says so (what to
+    restore by hand), and the exit goes on: nothing is retried forever."""
+    if a.route is None:
+        return
+    ns, name = a.route
+    for attempt in range(WRITE_ATTEMPTS):
+        route = c.k.get_http_route(ns, name)
+        if route is None or (((route.get("metadata") or {}).get("annotations") or {})
+                             .get(livesplit.ANNOTATION_ORIGINAL_BACKEND_REFS)) is None:
+            return
+        try:
+            restored = livesplit.restore_route(route)
+        except livesplit.LiveSplitError as exc:
+            post_event(c.k, c.body, "Warning", "RouteNotRestored", f"{exc}")
+            return
+        try:
+            c.k.replace_http_route(restored)
+        except ApiException as exc:
+            if exc.status == 409 and attempt + 1 < WRITE_ATTEMPTS:
+                continue
+            if exc.status == 404:
+                return
+            raise
+        post_event(c.k, c.body, "Normal", "RouteRestored",
+                   f"HTTPRoute {ns}/{name}: the split rule's backendRefs restored as they were; the fleet's again")
+        return
+
+
+def _delete_arm_backends(c: Ctx, a: Action) -> None:
+    """The arms' own Services and InferencePools (by name, ``livesplit.arm_backend_name``), beside
+    the arms, or in any target's namespace (deletion: the arms may be gone already)."""
+    w = c.world
+    namespaces = {ns for ns in [w.roles_namespace, *(t.namespace for t in w.targets)] if ns} or {w.namespace}
+    for ns in sorted(namespaces):
+        names = [livesplit.arm_backend_name(c.body, role, ns) for role in ROLES]
+        if c.k.delete_arm_backends(ns, names, w.namespace, w.name):
+            post_event(c.k, c.body, "Normal", "Deleted", f"deleted the arms' own backends in {ns}")
+
+
 ACTIONS = {
     ActionKind.CLAIM: _claim,
     ActionKind.RELEASE: _release,
@@ -380,6 +472,10 @@ ACTIONS = {
     ActionKind.DELETE_WAVES: _delete_waves,
     ActionKind.RESTORE: _restore,
     ActionKind.LEAVE: _leave,
+    ActionKind.ENSURE_ARM_BACKENDS: _ensure_arm_backends,
+    ActionKind.SPLIT_ROUTE: _split_route,
+    ActionKind.RESTORE_ROUTE: _restore_route,
+    ActionKind.DELETE_ARM_BACKENDS: _delete_arm_backends,
 }
 assert set(ACTIONS) == set(ActionKind)
 

@@ -1,9 +1,8 @@
 """Live mode's pure building blocks: how canary and control get their share of the fleet's real
 traffic, how that is undone exactly, and when a canary that serves users is aborted.
 
-Nothing here reads or writes the API server, and nothing here is wired into the state machine yet
-(``load.mode: live`` is still refused at run time, ``statemachine.core``): these are the pieces
-the wiring will call, each pure and tested on its own (tests/unit/controller/test_livesplit.py).
+Nothing here reads or writes the API server: the state machine (``statemachine.live``) and the
+actions call these pieces, each pure and tested on its own (tests/unit/controller/test_livesplit.py).
 
 * ``split: service``: the arm pods join the fleet's Service (``live_service_template``: the
   Service's selector labels back on the canary's and the control's pod templates, their own
@@ -55,6 +54,8 @@ from lookahead_operator.controller.builders import owned_metadata, policy_labels
 MAX_WEIGHT = 1_000_000
 #: The Inference Extension's InferencePool, the GA version (inference.networking.k8s.io/v1).
 INFERENCE_POOL_API_VERSION = f"{BACKEND_GROUPS[BackendKind.InferencePool]}/v1"
+#: Gateway API's bound on a rule's backendRefs (HTTPRouteRule.backendRefs: MaxItems=16).
+MAX_BACKEND_REFS = 16
 #: The most replicas per arm a Service split asks for (CanarySpec.replicas' own bound).
 MAX_ARM_REPLICAS = 64
 
@@ -613,6 +614,111 @@ def restore_route(route: dict, saved: Optional[SavedBackendRefs] = None) -> dict
             del out["metadata"]["annotations"]
     return out
 
+
+
+# --------------------------------------------------------------------------------------------
+# split: gatewayAPI, the pieces above put together for the state machine and its actions
+
+
+def gateway_arm_replicas(serving_replicas: int, live_percent: float, capacity: str = CanaryCapacity.surge) -> int:
+    """Replicas per arm with ``split: gatewayAPI``. The share is exact from the route's weights
+    whatever the replicas, so this only sizes the arms for the traffic they get: the number a
+    Service split of the same ``livePercent`` would give (``service_split``: each arm pod then
+    meets about the offered load of a fleet pod, so the strata, keyed on the fleet's load per pod,
+    describe the arms' pods too), and one when the share is below what one replica of a Service
+    split gives (the case a gatewayAPI split exists for). carveOut's own bound (the fleet keeps a
+    replica) still refuses, naming ``spec.canary.capacity``."""
+    try:
+        return service_split(serving_replicas, live_percent, capacity).arm_replicas
+    except LiveSplitError as exc:
+        if exc.field == "spec.load.livePercent" and 0.0 < live_percent < 0.5 and serving_replicas >= 1:
+            return 1
+        raise
+
+
+def route_ref(gw: GatewayAPISplit, policy_namespace: str) -> tuple[str, str]:
+    """The HTTPRoute ``gw`` names: (namespace, name); its namespace defaults to the policy's."""
+    return (gw.http_route_ref.namespace or policy_namespace, gw.http_route_ref.name)
+
+
+def fleet_backend_ref(gw: GatewayAPISplit, route_namespace: str) -> tuple[BackendKind, str, str]:
+    """The fleet's backend ``gw.backendRef`` names: (kind, namespace, name); its namespace defaults
+    to the route's, as Gateway API's does."""
+    ref = gw.backend_ref
+    return (ref.kind, ref.namespace or route_namespace, ref.name)
+
+
+def _first_port(fleet_backend: Optional[dict]) -> Optional[int]:
+    ports = arm_service_ports(fleet_backend) if fleet_backend is not None else []
+    return int(ports[0]["port"]) if ports else None
+
+
+def gateway_split(route: dict, policy: dict, gw: GatewayAPISplit, namespace: str, live_percent: float,
+                  fleet_backend: Optional[dict] = None) -> RouteSplit:
+    """``split_route`` with the arms' backendRefs made from the fleet's own (``arm_backend_ref``):
+    each arm's backend ``arm_backend_name`` in ``namespace`` (where the arm pods and their backends
+    live), of kind ``gw.arm_kind``; a Service arm's port is the fleet's backendRef's (else the
+    first port of ``fleet_backend``, an InferencePool's first target port). The backendRef names
+    ``namespace`` only when it is not the route's (a ReferenceGrant there must allow it).
+    Idempotent like ``split_route``: a route it split gives the same route again."""
+    base = restore_route(route)
+    route_ns = (base.get("metadata") or {}).get("namespace", "")
+    index = find_rule(base, gw)
+    refs = (base["spec"]["rules"][index].get("backendRefs") or [])
+    if len(refs) + len(ROLES) > MAX_BACKEND_REFS:
+        raise LiveSplitError("spec.load.gatewayAPI.backendRef",
+                             f"{_route_where(base)} rule {index} holds {len(refs)} backendRefs: with the canary's and "
+                             f"the control's it would hold more than Gateway API's {MAX_BACKEND_REFS}")
+    fleet = next((r for r in refs if _matches(r, gw, route_ns)), {})
+    port = fleet.get("port") if (fleet.get("kind") or "Service") == "Service" else None
+    if port is None and gw.arm_kind == BackendKind.Service:
+        port = _first_port(fleet_backend) if fleet else 0  # (no fleet backendRef: split_route says so)
+    arms = {}
+    for role in ROLES:
+        ref = arm_backend_ref(fleet, gw.arm_kind, arm_backend_name(policy, role, namespace), port)
+        if namespace == route_ns:
+            ref.pop("namespace", None)
+        else:
+            ref["namespace"] = namespace
+        arms[role] = ref
+    return split_route(route, gw, arms, live_percent)
+
+
+def route_split_in_place(route: dict, want: RouteSplit) -> bool:
+    """Whether ``route`` is already the split ``want`` (its spec and the saved annotation)."""
+    ann = ((route.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_ORIGINAL_BACKEND_REFS)
+    return route.get("spec") == want.route.get("spec") and ann == want.saved.to_annotation()
+
+
+def arm_backends(policy: dict, gw: GatewayAPISplit, namespace: str, fleet_backend: dict) -> dict[str, dict]:
+    """Each arm's own backend, by role, in ``namespace``: a Service (``build_arm_service``, the
+    fleet backend's ports) or an InferencePool (``build_arm_inference_pool``: the fleet pool's
+    target ports and app protocol, or a fleet Service's numeric target ports; the arm's Endpoint
+    Picker from ``gw.endpointPickers``). Refuses (``LiveSplitError``) a fleet backend that selects
+    on the operator's labels, or that gives no port to mirror."""
+    selector = backend_selector(fleet_backend)
+    ours = sorted(k for k in selector if _ours(k))
+    if ours:
+        raise LiveSplitError(f"{fleet_backend.get('kind', 'Service')} {_name(fleet_backend)}",
+                             f"selects on the operator's own label(s) {', '.join(ours)}")
+    out = {}
+    for role in ROLES:
+        if gw.arm_kind == BackendKind.Service:
+            out[role] = build_arm_service(policy, namespace, role, arm_service_ports(fleet_backend))
+            continue
+        if gw.endpoint_pickers is None:  # (the spec's CEL rule requires them)
+            raise LiveSplitError("spec.load.gatewayAPI.endpointPickers", "InferencePool arms need an Endpoint Picker each")
+        picker = getattr(gw.endpoint_pickers, role)
+        spec = fleet_backend.get("spec") or {}
+        if fleet_backend.get("kind") == BackendKind.InferencePool:
+            numbers = [p["number"] for p in spec.get("targetPorts") or []]
+            protocol = spec.get("appProtocol")
+        else:
+            numbers = [p.get("targetPort") if isinstance(p.get("targetPort"), int) else p.get("port")
+                       for p in spec.get("ports") or []]
+            protocol = None
+        out[role] = build_arm_inference_pool(policy, namespace, role, numbers, picker, protocol)
+    return out
 
 # --------------------------------------------------------------------------------------------
 # the safety abort

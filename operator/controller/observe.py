@@ -9,6 +9,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from lookahead_operator.controller import builders as b
+from kubernetes.client.rest import ApiException
+
 from lookahead_canary import units
 from lookahead_operator import engines
 from lookahead_operator.controller import fleet, livesplit, loadjobs, tenancy
@@ -30,9 +32,9 @@ from lookahead_operator.api.names import (
     ROLES,
 )
 from lookahead_operator.kube import podhttp
-from lookahead_operator.kube.client import Kube, recently_created
+from lookahead_operator.kube.client import Kube, api_message, recently_created
 from lookahead_operator.api.policy import MAX_POLICY_NAME
-from lookahead_operator.api.spec import LoadMode, LookaheadPolicySpec
+from lookahead_operator.api.spec import BackendKind, LoadMode, LoadSplit, LookaheadPolicySpec
 from lookahead_operator.api.status import Decision, LookaheadPolicyStatus, Phase
 
 #: world.Observed.poll_s: a safety net only; changes to the policy and to the Deployments it
@@ -137,7 +139,13 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.guard_pods = driven["promoted"] = guard_fleet_pods(listed, world)
         world.guard_sides = guard_sides(listed, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
-    if spec.load.mode == LoadMode.live and (status.phase == Phase.Preflight or (
+    if spec.load.mode == LoadMode.live and spec.load.split == LoadSplit.gateway_api:
+        if status.phase in (Phase.Preflight, Phase.Launching) or (
+                status.phase in WITH_ROLES and not all(world.roles_present.values())):
+            # the route and the fleet's backend: Preflight's split, the route written in Launching,
+            # an arm (re)created; not every pass (every exit's restore reads the route afresh)
+            _read_live_route(k, world, spec)
+    elif spec.load.mode == LoadMode.live and (status.phase == Phase.Preflight or (
             status.phase in WITH_ROLES and not all(world.roles_present.values()))):
         # the Service canary and control join: Preflight's split, and an arm (re)created; not every pass
         _read_live_service(k, world)
@@ -208,6 +216,47 @@ def _read_live_service(k, world: Observed) -> None:
         world.live_service = livesplit.fleet_service(k.services(source.namespace), d)
     except livesplit.LiveSplitError as exc:
         world.live_service_refusal = exc.message
+
+
+def _read_live_route(k, world: Observed, spec: LookaheadPolicySpec) -> None:
+    """Live mode, split gatewayAPI: the user's HTTPRoute and the fleet's backend its rule names
+    (``livesplit.route_ref``, ``fleet_backend_ref``), read by name; one that is missing or cannot be
+    read is data (``live_gateway_refusal``: the spec field, and why), never a failed pass."""
+    gw = spec.load.gateway_api
+    if gw is None:
+        return
+    ns, name = livesplit.route_ref(gw, world.namespace)
+    try:
+        world.live_route = k.get_http_route(ns, name)
+    except ApiException as exc:
+        world.live_gateway_refusal = ("spec.load.gatewayAPI.httpRouteRef",
+                                      f"HTTPRoute {ns}/{name} could not be read: {api_message(exc)}"[:500])
+        return
+    if world.live_route is None:
+        world.live_gateway_refusal = ("spec.load.gatewayAPI.httpRouteRef",
+                                      f"HTTPRoute {ns}/{name} not found (is Gateway API's HTTPRoute CRD installed?)")
+        return
+    kind, bns, bname = livesplit.fleet_backend_ref(gw, ns)
+    try:
+        world.live_backend = k.get_backend(kind.value, bns, bname)
+    except ApiException as exc:
+        world.live_gateway_refusal = ("spec.load.gatewayAPI.backendRef",
+                                      f"{kind.value} {bns}/{bname} could not be read: {api_message(exc)}"[:500])
+        return
+    if world.live_backend is None:
+        world.live_gateway_refusal = ("spec.load.gatewayAPI.backendRef", f"{kind.value} {bns}/{bname} not found")
+        return
+    world.live_backend.setdefault("kind", kind.value)
+    if world.status.phase == Phase.Preflight and gw.arm_kind == BackendKind.InferencePool \
+            and kind != BackendKind.InferencePool:
+        try:  # InferencePool arms beside a Service fleet: is the kind served at all? (else every create 404s)
+            served = k.serves_inference_pools()
+        except ApiException as exc:
+            served, why = False, f"could not be looked up: {api_message(exc)}"[:300]
+        else:
+            why = "is not served by this cluster (install the Gateway API Inference Extension's CRDs)"
+        if not served:
+            world.live_gateway_refusal = ("spec.load.gatewayAPI.armBackend", f"InferencePool {why}")
 
 
 def _read_pool(k, world: Observed) -> None:

@@ -130,6 +130,12 @@ class Observed:
     # arm pods join), and its selector; or why there is none (a refusal, naming the Service or field)
     live_service: dict | None = None
     live_service_refusal: str | None = None
+    # live mode, split gatewayAPI (read in Preflight, Launching, and when an arm is (re)created): the
+    # user's HTTPRoute and the fleet's backend (Service or InferencePool) as read now; or why one
+    # could not be read: (the spec field it names, the message): missing, or the API's error
+    live_route: dict | None = None
+    live_backend: dict | None = None
+    live_gateway_refusal: tuple[str, str] | None = None
     read_errors: list[ReadError] = field(default_factory=list)
     fingerprint: str = ""              # LookaheadPolicySpec.fingerprint(): what is measured (not `paused`)
     approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves
@@ -177,6 +183,10 @@ class ActionKind(StrEnum):
     DELETE_WAVES = "DeleteWaveDeployments"  # the wave Deployments of the given targets (all: none given)
     RESTORE = "RestoreTargets"         # saved template back, exactly
     LEAVE = "LeaveToUser"              # a target its user edited: drop all our marks, never touch its template
+    ENSURE_ARM_BACKENDS = "EnsureArmBackends"  # gatewayAPI: each arm's own Service or InferencePool exists
+    SPLIT_ROUTE = "SplitRoute"         # gatewayAPI: the route's rule re-weighted, its backendRefs saved on it
+    RESTORE_ROUTE = "RestoreRoute"     # gatewayAPI: the route's rule as saved, the annotation gone (if split)
+    DELETE_ARM_BACKENDS = "DeleteArmBackends"  # gatewayAPI: the arms' own Services and InferencePools
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,7 @@ class Action:
     pods: tuple[int, ...] = ()   # PROMOTE: the pods of each of ``targets`` to run lookahead (its replicas: whole)
     until: datetime | None = None  # ENSURE_LOAD: how long the step may measure (step_deadline)
     replicas: int | None = None    # ENSURE_ROLES: replicas per arm (canary.replicas, or live mode's split)
+    route: tuple[str, str] | None = None  # SPLIT_ROUTE, RESTORE_ROUTE: the HTTPRoute (namespace, name)
 
 
 @dataclass

@@ -78,6 +78,18 @@ STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 _APPS, _BATCH, _CORE = "/apis/apps/v1", "/apis/batch/v1", "/api/v1"
 
 
+#: Gateway API's HTTPRoute (standard channel, v1) and the Inference Extension's InferencePool (v1).
+_ROUTES = "/apis/gateway.networking.k8s.io/v1"
+_POOLS = "/apis/inference.networking.k8s.io/v1"
+
+
+def _backend_path(kind: str, namespace: str, name: str | None = None) -> str:
+    """A Service's or an InferencePool's path (the collection's, without ``name``)."""
+    base = {"Service": f"{_CORE}/namespaces/{namespace}/services",
+            "InferencePool": f"{_POOLS}/namespaces/{namespace}/inferencepools"}[kind]
+    return f"{base}/{name}" if name else base
+
+
 def _policies_path(namespace: str, name: str | None = None) -> str:
     path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{POLICY_PLURAL}"
     return f"{path}/{name}" if name else path
@@ -197,6 +209,21 @@ class Kube:
         """The Services of ``namespace`` (live mode: which one selects the fleet's pods)."""
         return self._list(f"{_CORE}/namespaces/{namespace}/services")
 
+    def get_http_route(self, namespace: str, name: str) -> dict | None:
+        """The user's HTTPRoute (live mode, split gatewayAPI), None when there is none (or the
+        Gateway API's CRD is not installed: the path is then not served, a 404 too)."""
+        return self.request("GET", f"{_ROUTES}/namespaces/{namespace}/httproutes/{name}", ignore=(404,))
+
+    def get_backend(self, kind: str, namespace: str, name: str) -> dict | None:
+        """A Service or an InferencePool by name, None when there is none."""
+        return self.request("GET", _backend_path(kind, namespace, name), ignore=(404,))
+
+    def serves_inference_pools(self) -> bool:
+        """Whether the apiserver serves InferencePools (inference.networking.k8s.io/v1): API discovery,
+        which every user may read."""
+        served = self.request("GET", _POOLS, ignore=(404,)) or {}
+        return any(r.get("name") == "inferencepools" for r in served.get("resources") or [])
+
     def nodes(self) -> list[dict]:
         return self._list(f"{_CORE}/nodes")
 
@@ -229,6 +256,31 @@ class Kube:
         self.request("PATCH", f"{_CORE}/namespaces/{namespace}/pods/{name}", body={"metadata": {"labels": labels}},
                      content_type="application/merge-patch+json")
 
+    def replace_http_route(self, body: dict) -> dict:
+        """Write an HTTPRoute whole (PUT) with the body's resourceVersion: a route changed since it was
+        read answers 409 instead of being overwritten."""
+        meta = body["metadata"]
+        return self.request("PUT", f"{_ROUTES}/namespaces/{meta['namespace']}/httproutes/{meta['name']}", body=body)
+
+    def delete_arm_backends(self, namespace: str, names: Iterable[str], policy_ns: str, policy_name: str) -> int:
+        """Delete the Services and InferencePools of ``names`` in ``namespace`` that this policy made
+        (its labels and ``managed-by`` on them; another object of that name is never touched). A kind
+        not served (no InferencePool CRD) has nothing to delete."""
+        n = 0
+        for kind in ("Service", "InferencePool"):
+            for name in names:
+                obj = self.get_backend(kind, namespace, name)
+                labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+                if (obj is None or labels.get(api.LABEL_POLICY) != policy_name
+                        or labels.get(api.LABEL_POLICY_NAMESPACE) != policy_ns
+                        or labels.get(api.LABEL_MANAGED_BY) != api.MANAGED_BY):
+                    continue
+                if not obj["metadata"].get("deletionTimestamp"):
+                    self._delete(_backend_path(kind, namespace, name))
+                forget_created(kind, namespace, name)
+                n += 1
+        return n
+
     def replace_deployment(self, body: dict) -> None:
         meta = body["metadata"]
         self.request("PUT", f"{_APPS}/namespaces/{meta['namespace']}/deployments/{meta['name']}", body=body)
@@ -257,6 +309,8 @@ class Kube:
                 self._crd_checked = (time.monotonic(), False)
                 return False
             return answer is not None
+        elif kind in ("Service", "InferencePool"):  # live mode, split gatewayAPI: an arm's own backend
+            path = _backend_path(kind, ns)
         else:
             raise ValueError(f"cannot create {kind}")
         return self.request("POST", path, body=body, ignore=(409,)) is not None

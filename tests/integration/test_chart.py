@@ -196,7 +196,11 @@ def test_cluster_role_is_least_privilege(helm):
         ("", "pods"): read | {"patch"},       # the control's pods only, joining the fleet's Service
         ("", "nodes"): {"get", "list"},       # preflight: the pool's allocatable accelerators (read only)
         ("batch", "jobs"): read | {"create", "delete"},
-        ("", "services"): {"list"},          # live mode: which Service selects the fleet (never written)
+        # live mode: split service lists which Service selects the fleet (never writes it); split
+        # gatewayAPI reads the fleet's backend by name and creates/deletes each arm's own Service
+        ("", "services"): {"get", "list", "create", "delete"},
+        ("gateway.networking.k8s.io", "httproutes"): {"get", "update"},  # the route, re-weighted and restored
+        ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "delete"},  # InferencePool arms
         ("", "configmaps"): read,
         ("", "secrets"): {"get"},             # analysis.prometheus credentials, by name; never list/watch
         ("", "events"): {"create", "patch"},
@@ -342,8 +346,14 @@ ALLOWED = [
     ("create", "podmonitors", "monitoring.coreos.com", ""),
     ("get", "configmaps", "", ""),
     ("get", "secrets", "", ""),         # analysis.prometheus credentials, read by name
+    ("update", "httproutes", "gateway.networking.k8s.io", ""),      # live split gatewayAPI: the route
+    ("create", "services", "", ""),                                 # ... each arm's own Service
+    ("create", "inferencepools", "inference.networking.k8s.io", ""),  # ... or InferencePool
 ]
 DENIED = [
+    ("patch", "services", "", ""),      # an arm's Service is created and deleted, never a user's written
+    ("delete", "httproutes", "gateway.networking.k8s.io", ""),
+    ("list", "httproutes", "gateway.networking.k8s.io", ""),        # read by name only
     ("list", "secrets", "", ""),
     ("watch", "secrets", "", ""),
     ("create", "lookaheadpolicies", "lookahead.dev", ""),

@@ -17,7 +17,9 @@ def _clean_up(ctx: PassContext) -> list[tuple[str, str]]:
     Returns what was restored."""
     world = ctx.world
     ctx.actions = [a for a in ctx.actions if a.kind not in (ActionKind.ENSURE_ROLES, ActionKind.ENSURE_LOAD,
-                                                         ActionKind.ENSURE_GUARD_LOAD, ActionKind.PROMOTE)]
+                                                         ActionKind.ENSURE_GUARD_LOAD, ActionKind.PROMOTE,
+                                                         ActionKind.ENSURE_ARM_BACKENDS, ActionKind.SPLIT_ROUTE)]
+    ctx.restore_route()  # gatewayAPI: the canary's share of traffic goes first
     _note_user_edits(ctx)
     promoted = [t.key for t in world.targets if t.owner == world.key and t.promoted and t.key not in ctx.left_to_users]
     _restore(ctx, promoted)
@@ -58,7 +60,8 @@ def _roll_back(ctx: PassContext, reason: str, message: str) -> None:
 
 
 def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str) -> list[Action]:
-    """What deleting a policy does (pure): its canary, control and load Jobs go. Mid-rollout
+    """What deleting a policy does (pure): its canary, control and load Jobs go (with ``split:
+    gatewayAPI`` the HTTPRoute restored before them, the arms' backends after). Mid-rollout
     (Promoting or Guarding) promoted Deployments are restored to their saved templates, since no
     guard will watch them any more; after Succeeded lookahead stays on and only our ownership mark
     goes (the saved template stays, to put back by hand); never-promoted targets are released.
@@ -71,6 +74,10 @@ def deletion_plan(status: LookaheadPolicyStatus, targets: list[Target], me: str)
     promoted = [t.key for t in ours if t.promoted]
     carved = tuple(sorted(t.key for t in targets if t.carved and t.owner in (me, None)))
     plan = [Action(ActionKind.DELETE_LOAD), Action(ActionKind.DELETE_ROLES, targets=carved)]
+    route = status.live.route if status.live is not None else None
+    if route:  # gatewayAPI: the route as it was first (from its annotation), the arms' backends after the arms
+        ns, _, name = route.partition("/")
+        plan = [Action(ActionKind.RESTORE_ROUTE, route=(ns, name)), *plan, Action(ActionKind.DELETE_ARM_BACKENDS)]
     if edited:
         plan.append(Action(ActionKind.LEAVE, targets=tuple(sorted(edited))))
     if promoted and status.phase in MID_ROLLOUT | {Phase.Pending, Phase.Preflight, Phase.Launching,

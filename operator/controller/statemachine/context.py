@@ -75,10 +75,25 @@ class PassContext:
 
     def delete_roles(self) -> None:
         """Canary and control go; the replicas carved out of a target for them
-        (``canary.capacity: carveOut``) go back to it in the same action."""
+        (``canary.capacity: carveOut``) go back to it in the same action. With ``split: gatewayAPI``
+        the route is restored first (the arms' share back to the fleet before their pods go), and
+        the arms' own backends go after them."""
         world = self.world
+        self.restore_route()
         self.act(ActionKind.DELETE_ROLES, targets=[t.key for t in world.targets
                                                    if t.carved and t.owner in (world.key, None)])
+        if self.status.live is not None and self.status.live.route:
+            self.act(ActionKind.DELETE_ARM_BACKENDS)
+
+    def restore_route(self) -> None:
+        """``split: gatewayAPI``: the HTTPRoute fixed at Preflight (``status.live.route``, so a
+        changed spec still restores the route it split) back as it was, from the annotation the
+        split saved on it (the action reads it fresh: after an operator restart too). Once per pass."""
+        live = self.status.live
+        if live is None or not live.route or any(a.kind == ActionKind.RESTORE_ROUTE for a in self.actions):
+            return
+        ns, _, name = live.route.partition("/")
+        self.act(ActionKind.RESTORE_ROUTE, route=(ns, name))
 
     def act(self, kind: ActionKind, **kw) -> None:
         if kind == ActionKind.ENSURE_ROLES and "replicas" not in kw and self.world.spec is not None:

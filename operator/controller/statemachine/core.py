@@ -18,7 +18,7 @@ from lookahead_operator.controller.statemachine.pending import _pending, _prefli
 from lookahead_operator.controller.statemachine.promoting import _promoting
 from lookahead_operator.controller.statemachine.user_edits import in_play
 from lookahead_operator.controller.world import ActionKind, Need, Observed, Plan
-from lookahead_operator.api.spec import LoadMode, LoadSplit, LookaheadPolicySpec
+from lookahead_operator.api.spec import LoadMode, LookaheadPolicySpec
 from lookahead_operator.api.status import TERMINAL_PHASES, LookaheadPolicyStatus, Phase
 
 
@@ -44,10 +44,6 @@ def reconcile(world: Observed) -> Plan:
     if world.spec is None or world.spec_error:
         return _refuse(ctx, "InvalidSpec", world.spec_error or "the spec could not be parsed")
     spec = world.spec
-    if spec.load.mode == LoadMode.live and spec.load.split == LoadSplit.gateway_api:
-        return _refuse(ctx, "Unsupported", "spec.load.split: gatewayAPI (re-weighting an HTTPRoute) is not wired in "
-                                           "this version; use split: service (canary and control join the fleet's "
-                                           "Service)")
     if world.support_problems and ctx.phase in (Phase.Pending, Phase.Preflight):
         return _refuse(ctx, "EngineUnsupported", "; ".join(world.support_problems))
     waiting = ctx.phase == Phase.Pending and (
@@ -141,6 +137,7 @@ def _restart(ctx: PassContext) -> Plan:
     # (a target its user edited is not restored: the new rollout's claim saves its template as it is)
     promoted = [t.key for t in world.targets
                 if t.promoted and t.owner == world.key and t.key not in ctx.left_to_users]
+    ctx.restore_route()  # gatewayAPI: the route the old spec split (status.live.route), before anything else
     _restore(ctx, promoted)
     ctx.act(ActionKind.DELETE_LOAD)
     ctx.delete_roles()

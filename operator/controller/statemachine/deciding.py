@@ -12,6 +12,7 @@ from lookahead_operator.api.status import DecisionAction, Phase
 
 def _deciding(ctx: PassContext) -> None:
     world, spec = ctx.world, ctx.spec
+    ctx.restore_route()  # gatewayAPI: measuring is over; the route goes back to the fleet alone, whatever is decided
     if world.decision is None:
         ctx.wait(world.poll_s)
         return

@@ -1,19 +1,24 @@
-"""Live mode (``load.mode: live``, ``split: service``): canary and control serve a share of the
-fleet's real traffic through its Service instead of our load. Preflight fixes the split
-(``_live_split``: replicas per arm from ``load.livePercent``); Measuring (``_measuring_live``) reads
-every window since both serve, checks the safety abort every ``analysis.abort.checkInterval``, keeps
-``status.live`` (the per-stratum table) and goes to Deciding once every visited stratum is settled
-(after ``load.stepDuration`` at least) or at ``analysis.deadline``; Deciding decides from that table
-(``measurement.live.decision``)."""
+"""Live mode (``load.mode: live``): canary and control serve a share of the fleet's real traffic
+instead of our load. Preflight fixes the split (``_live_split``): with ``split: service`` replicas per
+arm from ``load.livePercent`` (the arm pods join the fleet's Service); with ``split: gatewayAPI``
+(``_gateway_split``) the weights of one rule of the user's HTTPRoute, exact, and the arms' own
+backends. Launching writes the route once both arms are ready (``_route_split``); Measuring
+(``_measuring_live``) reads every window since both serve, checks the safety abort every
+``analysis.abort.checkInterval``, keeps ``status.live`` (the per-stratum table) and goes to Deciding
+once every visited stratum is settled (after ``load.stepDuration`` at least) or at
+``analysis.deadline``; Deciding decides from that table (``measurement.live.decision``) and gives
+the route back to the fleet alone. Every exit restores the route first (``PassContext.restore_route``,
+``cleanup``)."""
 
 from __future__ import annotations
 
 import math
 
+from lookahead_operator.api.spec import LoadSplit
 from lookahead_operator.api.status import LiveStatus, LiveStratum, Phase
 from lookahead_operator.controller import livesplit
-from lookahead_operator.controller.statemachine.cleanup import _roll_back
-from lookahead_operator.controller.statemachine.clocks import _seconds
+from lookahead_operator.controller.statemachine.cleanup import _roll_back, _stop
+from lookahead_operator.controller.statemachine.clocks import _seconds, launch_deadline, spell
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.user_edits import role_source
 from lookahead_operator.controller.world import ActionKind
@@ -27,6 +32,8 @@ def _live_split(ctx: PassContext) -> bool:
     below what one replica gives) ends Failed, naming the field, with nothing created. Returns
     whether the rollout goes on."""
     world, spec = ctx.world, ctx.spec
+    if spec.load.split == LoadSplit.gateway_api:
+        return _gateway_split(ctx)
     source = role_source(world)
     try:
         if world.live_service_refusal:
@@ -47,9 +54,103 @@ def _live_split(ctx: PassContext) -> bool:
     return True
 
 
+def _policy(ctx: PassContext) -> dict:
+    """The policy as the pure builders name its objects by (its name and namespace; no uid: what the
+    state machine builds with it is checked, never written: the actions build from the real object)."""
+    return {"metadata": {"name": ctx.world.name, "namespace": ctx.world.namespace, "uid": ""}}
+
+
+def _gateway(ctx: PassContext) -> bool:
+    return ctx.spec.load.split == LoadSplit.gateway_api and ctx.spec.load.gateway_api is not None
+
+
+def _refuse_split(ctx: PassContext, exc: livesplit.LiveSplitError) -> bool:
+    ctx.act(ActionKind.RELEASE, targets=[t.key for t in ctx.world.targets])
+    ctx.fact(C.Accepted, False, "LiveSplitRefused", str(exc))
+    ctx.transition(Phase.Failed, "LiveSplitRefused", f"{exc}; nothing was created", warning=True)
+    return False
+
+
+def _gateway_split(ctx: PassContext) -> bool:
+    """Preflight, ``split: gatewayAPI``: the route's rule and the fleet's backend as read now must
+    give the split (``livesplit.gateway_split``: exact integer weights; ``arm_backends``: a backend
+    per arm); the share, the route and the arm replicas (``livesplit.gateway_arm_replicas``) are
+    fixed in ``status.live``. A route or backend that is missing or unreadable, a rule without the
+    fleet's backendRef, a backend that selects on our labels: Failed (Accepted=False, the field
+    named), nothing created, the route untouched."""
+    world, spec = ctx.world, ctx.spec
+    gw = spec.load.gateway_api
+    source = role_source(world)
+    percent = spec.load.live_percent or 0.0
+    try:
+        if world.live_gateway_refusal is not None:
+            raise livesplit.LiveSplitError(*world.live_gateway_refusal)
+        if source is None:
+            raise livesplit.LiveSplitError("spec.targets", "no target to clone canary and control from")
+        if world.live_route is None or world.live_backend is None:
+            raise livesplit.LiveSplitError("spec.load.gatewayAPI.httpRouteRef", "the HTTPRoute was not read")
+        split = livesplit.gateway_split(world.live_route, _policy(ctx), gw, source.namespace, percent,
+                                        world.live_backend)
+        livesplit.arm_backends(_policy(ctx), gw, source.namespace, world.live_backend)
+        replicas = livesplit.gateway_arm_replicas(source.replicas + source.carved, percent, spec.canary.capacity)
+    except livesplit.LiveSplitError as exc:
+        return _refuse_split(ctx, exc)
+    w = split.weights
+    ns, name = livesplit.route_ref(gw, world.namespace)
+    rule = f"rule {split.saved.rule_name!r}" if split.saved.rule_name else f"rule {split.rule_index}"
+    ctx.status.live = LiveStatus(
+        split="gatewayAPI", share=round(w.share, 6), arm_replicas=replicas, route=f"{ns}/{name}",
+        message=f"through HTTPRoute {ns}/{name} {rule}: the fleet's backendRef weight {w.fleet}, canary and control "
+                f"{w.arm} each ({w.share * 100:.4g}% of the fleet's traffic each), {gw.arm_kind.value} arms of "
+                f"{replicas} replica{'s' if replicas != 1 else ''}")
+    return True
+
+
+def _ensure_arms(ctx: PassContext) -> None:
+    """Canary and control exist; with ``split: gatewayAPI`` their own backends first (while an arm
+    is being made: not asked again on every pass once both are there)."""
+    if _gateway(ctx) and (ctx.phase in (Phase.Preflight, Phase.Launching)
+                          or not all(ctx.world.roles_present.get(r) for r in ("canary", "control"))):
+        ctx.act(ActionKind.ENSURE_ARM_BACKENDS)
+    ctx.act(ActionKind.ENSURE_ROLES)
+
+
+def _route_split(ctx: PassContext) -> bool:
+    """Launching, ``split: gatewayAPI``, both arms ready: is the route's rule split as Preflight
+    fixed it (read this pass)? If not, write it (``SPLIT_ROUTE``: saved, then re-weighted, one
+    update carrying the resourceVersion read) and look again. A route that can no longer be split
+    (its rule or the fleet's backendRef gone) ends Failed, arms deleted; one that cannot be read or
+    written is waited for up to the launch deadline, then Failed the same way: the route restored."""
+    world, gw = ctx.world, ctx.spec.load.gateway_api
+    route = livesplit.route_ref(gw, world.namespace)
+    source = role_source(world)
+    if world.live_route is not None and source is not None:
+        try:
+            want = livesplit.gateway_split(world.live_route, _policy(ctx), gw, source.namespace,
+                                           ctx.spec.load.live_percent or 0.0, world.live_backend)
+        except livesplit.LiveSplitError as exc:
+            ctx.fact(C.Accepted, False, "LiveSplitRefused", str(exc))
+            _stop(ctx, Phase.Failed, "LiveSplitRefused", f"{exc}; canary and control were deleted and the route "
+                                                         "restored")
+            return False
+        if livesplit.route_split_in_place(world.live_route, want):
+            return True
+    limit, limit_from = launch_deadline(ctx)
+    why = ": ".join(world.live_gateway_refusal) if world.live_gateway_refusal else "not written yet"
+    if ctx.since(ctx.progress.phase_since) >= limit:
+        _stop(ctx, Phase.Failed, "RouteNotSplit", f"HTTPRoute {route[0]}/{route[1]} was not split within "
+                                                  f"{spell(limit)} ({limit_from}): {why}; canary and control were "
+                                                  "deleted and the route restored")
+        return False
+    ctx.act(ActionKind.SPLIT_ROUTE, route=route)
+    ctx.fact(C.RolesReady, True, "Ready", f"canary and control are ready; HTTPRoute {route[0]}/{route[1]}: {why}")
+    ctx.wait(1.0)
+    return False
+
+
 def _measuring_live(ctx: PassContext) -> None:
     world, spec, progress = ctx.world, ctx.spec, ctx.progress
-    ctx.act(ActionKind.ENSURE_ROLES)
+    _ensure_arms(ctx)
     ready = all(world.roles_ready.get(r) for r in ("canary", "control"))
     ctx.fact(C.RolesReady, ready, "Ready" if ready else "NotReady", "canary and control are ready" if ready
              else "a canary or control pod is not ready: it serves no one until it is")
@@ -86,8 +187,8 @@ def _settled(results: LiveResults) -> bool:
 
 def _aborted(ctx: PassContext) -> bool:
     """The safety abort (``livesplit.abort_reason`` on the last ``analysis.abort.window`` of each
-    arm): the canary's share goes at once (canary and control deleted: their pods leave the
-    Service), CanaryHealthy=False and a Warning Event say why, and the policy ends RolledBack with
+    arm): the canary's share goes at once (``split: gatewayAPI``: the route restored first, in the
+    same pass; canary and control deleted: their pods leave the Service), CanaryHealthy=False and a Warning Event say why, and the policy ends RolledBack with
     the fleet untouched (``status.rollback`` holds the reason, the sentence and when)."""
     live = ctx.world.live
     if live is None or live.canary_recent is None or live.control_recent is None:
@@ -131,4 +232,4 @@ def _r(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
-__all__ = ["_live_split", "_measuring_live"]
+__all__ = ["_ensure_arms", "_gateway", "_live_split", "_measuring_live", "_route_split"]

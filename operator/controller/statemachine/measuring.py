@@ -15,6 +15,7 @@ from lookahead_operator.controller.statemachine.clocks import (
     step_deadline,
 )
 from lookahead_operator.controller.statemachine.context import C, PassContext
+from lookahead_operator.controller.statemachine.live import _ensure_arms, _gateway, _route_split
 from lookahead_operator.controller.world import ActionKind
 from lookahead_operator.measurement.results import StepMeasurement
 from lookahead_operator.api.spec import CanaryCapacity, LoadMode, LookaheadPolicySpec
@@ -24,7 +25,7 @@ from lookahead_operator.api.status import Phase
 
 def _launching(ctx: PassContext) -> None:
     world, spec = ctx.world, ctx.spec
-    ctx.act(ActionKind.ENSURE_ROLES)
+    _ensure_arms(ctx)
     if not all(world.roles_ready.get(r) for r in ("canary", "control")):
         limit, limit_from = launch_deadline(ctx)
         unplaced = _capacity(ctx)
@@ -41,6 +42,8 @@ def _launching(ctx: PassContext) -> None:
         ctx.fact(C.RolesReady, False, "Waiting", f"waiting for canary and control to be ready: up to "
                  f"{spell(limit)} ({limit_from})")
         ctx.wait(world.poll_s)
+        return
+    if _gateway(ctx) and not _route_split(ctx):  # their share of the route's traffic first
         return
     ctx.fact(C.RolesReady, True, "Ready", "canary and control are ready")
     ctx.progress.step, ctx.progress.step_started_at, ctx.progress.measuring_since = 0, world.now, world.now

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lookahead_operator.api.spec import LoadMode
 from lookahead_operator.controller import livesplit
-from lookahead_operator.controller.statemachine.live import _live_split
+from lookahead_operator.controller.statemachine.live import _ensure_arms, _live_split
 from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller import fleet
 from lookahead_operator.controller.statemachine.user_edits import role_source
@@ -77,7 +77,7 @@ def _preflight(ctx: PassContext) -> None:
         ctx.transition(Phase.Failed, "CapacityUnavailable", short, warning=True)
         return
     _pool(ctx)
-    ctx.act(ActionKind.ENSURE_ROLES)
+    _ensure_arms(ctx)
     ctx.transition(Phase.Launching, "CandidateConfirmed",
                    f"preflight {world.preflight.status.verdict or 'Unknown'}; launching canary and control; "
                    + (f"live: {ctx.status.live.message}" if live and ctx.status.live else f"batch sizes {sizes}{note}"))

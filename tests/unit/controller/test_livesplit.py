@@ -383,6 +383,72 @@ def test_a_service_arm_ref_needs_a_port():
 ABORT = AbortSpec()  # the defaults: 5 points, 20 requests or 3 errors, TTFT 3x, per-token 2x
 
 
+
+# ------------------------------------------------------------------------------------------
+# split: gatewayAPI, put together (what the state machine and the actions call)
+
+POLICY = {"apiVersion": "lookahead.dev/v1alpha1", "kind": "LookaheadPolicy",
+          "metadata": {"name": "chat-fleet", "namespace": "inference", "uid": "u-1"}}
+POOL = {"kind": "InferencePool", "metadata": {"name": "chat-pool", "namespace": "inference"},
+        "spec": {"selector": {"matchLabels": {"app": "chat"}}, "targetPorts": [{"number": 8000}],
+                 "appProtocol": "http"}}
+
+
+def test_gateway_split_names_the_arms_backends_and_is_idempotent():
+    split = ls.gateway_split(route(), POLICY, gw(), "inference", 0.05, POOL)
+    refs = split.route["spec"]["rules"][1]["backendRefs"]
+    names = {r: ls.arm_backend_name(POLICY, r, "inference") for r in ("canary", "control")}
+    assert [(r["name"], r.get("namespace"), r["weight"]) for r in refs[2:]] == [
+        (names["canary"], "inference", split.weights.arm), (names["control"], "inference", split.weights.arm)]
+    assert refs[2]["filters"] == refs[0]["filters"]  # the arms see the requests the fleet does
+    again = ls.gateway_split(split.route, POLICY, gw(), "inference", 0.05, POOL)
+    assert ls.route_split_in_place(split.route, again) and not ls.route_split_in_place(route(), again)
+    assert ls.restore_route(split.route) == route()
+
+
+def test_gateway_split_service_arms_take_the_fleets_port_and_no_namespace_in_the_routes_own():
+    rules = [{"backendRefs": [{"name": "chat", "port": 8000, "weight": 3}]}]
+    spec = GatewayAPISplit.model_validate({"httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat"}})
+    split = ls.gateway_split(route(rules), POLICY, spec, "gw", 0.25, None)
+    arm = split.route["spec"]["rules"][0]["backendRefs"][1]
+    assert arm["kind"] == "Service" and arm["port"] == 8000 and "namespace" not in arm
+    assert (split.weights.fleet, split.weights.arm) == (2, 1) and split.weights.share == 0.25  # (6 : 3 : 3, /3)
+    with pytest.raises(LiveSplitError) as exc:  # no rule holds the fleet's backendRef: the field is named
+        ls.gateway_split(route([{"backendRefs": [{"name": "x", "port": 1}]}]), POLICY, spec, "gw", 0.25, None)
+    assert exc.value.field == "spec.load.gatewayAPI.backendRef"
+    full = [{"backendRefs": [{"name": "chat", "port": 8000}] + [{"name": f"b{i}", "port": 1} for i in range(14)]}]
+    with pytest.raises(LiveSplitError, match="more than Gateway API's 16") as exc:
+        ls.gateway_split(route(full), POLICY, spec, "gw", 0.25, None)
+    assert exc.value.field == "spec.load.gatewayAPI.backendRef"
+
+
+def test_arm_backends_are_owned_services_or_pools_of_the_arm_pods_only():
+    pools = ls.arm_backends(POLICY, gw(), "inference", POOL)
+    assert pools["canary"]["kind"] == "InferencePool" and pools["canary"]["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pools["control"]["spec"]["endpointPickerRef"]["name"] == "epp-control"
+    assert pools["canary"]["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    spec = GatewayAPISplit.model_validate({"httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat"}})
+    svc = {"kind": "Service", "metadata": {"name": "chat", "namespace": "inference"},
+           "spec": {"selector": {"app": "chat"}, "ports": [{"name": "http", "port": 80, "targetPort": 8000}]}}
+    services = ls.arm_backends(POLICY, spec, "inference", svc)
+    assert services["control"]["spec"]["selector"][LABEL_ROLE] == "control"
+    assert services["control"]["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": 8000}]
+    with pytest.raises(LiveSplitError, match="operator's own label"):
+        ls.arm_backends(POLICY, spec, "inference", {**svc, "spec": {"selector": {LABEL_ROLE: "canary"}}})
+
+
+@pytest.mark.parametrize("n,pct,capacity,want", [(10, 0.025, "surge", 1), (40, 0.10, "surge", 5),
+                                                 (10, 0.10, "carveOut", 1)])
+def test_gateway_arm_replicas_are_a_service_splits_and_one_below_it(n, pct, capacity, want):
+    assert ls.gateway_arm_replicas(n, pct, capacity) == want
+
+
+def test_gateway_arm_replicas_keep_carve_outs_bound():
+    with pytest.raises(LiveSplitError) as exc:
+        ls.gateway_arm_replicas(2, 0.1, "carveOut")
+    assert exc.value.field == "spec.canary.capacity"
+
+
 def test_abort_defaults():
     assert (ABORT.max_error_rate_increase, ABORT.min_requests, ABORT.min_errors) == (0.05, 20, 3)
     assert (ABORT.max_ttft_regression, ABORT.max_token_latency_regression) == (2.0, 1.0)

@@ -652,14 +652,13 @@ def test_reconcile_is_idempotent_when_nothing_changes():
     assert a.actions == b.actions and a.status == b.status
 
 
-def test_live_mode_through_an_http_route_is_refused_with_a_condition_naming_the_field():
-    # split: gatewayAPI's pieces are pure and tested (test_livesplit.py), its wiring is not there yet
+def test_live_mode_through_an_http_route_is_accepted_and_wired():
+    # split: gatewayAPI is wired (test_live_gateway.py): no longer refused as Unsupported
     spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%", "load.split": "gatewayAPI",
                            "load.gatewayAPI": {"httpRouteRef": {"name": "chat"}, "backendRef": {"name": "chat"}}})
-    plan = sm.reconcile(world(spec=spec, fingerprint=spec.fingerprint(), targets=[]))
+    plan = sm.reconcile(world(spec=spec, fingerprint=spec.fingerprint()))
     c = cond(plan.status, ConditionType.Accepted)
-    assert plan.status.phase == Phase.Failed and c.status == "False" and "spec.load.split" in c.message
-    assert plan.actions == []
+    assert plan.status.phase == Phase.Preflight and c.status == "True"
 
 
 # --- every wait bounded, every error a state -------------------------------------------------------
