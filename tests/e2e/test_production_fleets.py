@@ -25,7 +25,10 @@ module's one operator (tests/e2e/together.py):
   fails its requests aborted within a minute of its first error (measured: from the first failed
   request to the canary leaving the Service's ready endpoints), and deleting a policy mid-measurement
   leaves the Service serving the fleet's own pods; no user request fails but the aborted canary's
-  (counted and bounded).
+  (counted and bounded). A fifth fleet, split gatewayAPI: the user's HTTPRoute (Gateway API's CRD
+  from its Go module; no gateway data plane runs here) gets the arms' own Services in its rule at
+  exactly 20% each while the policy measures, the arms never join the fleet's Service, and
+  deleting the policy puts the route back exactly and removes the arms' Services.
 
 The module's operator posts its notifications (issue 24) to a receiver on the host: each sink gets
 one message per decision and one per policy that ended (``assert_notified``).
@@ -46,8 +49,10 @@ from kubernetes.client.rest import ApiException
 
 from lookahead_operator.api.names import GROUP, PLURAL, VERSION
 from lookahead_operator.controller import builders as b
+from lookahead_operator.controller import livesplit
 from lookahead_dev import prometheus_operator as po
 from lookahead_dev.devcluster import wait_for
+from lookahead_dev.gatewaycrds import install_gateway_crds
 from lookahead_dev.node import EXTENDED_RESOURCES
 from lookahead_dev.traffic import format_failures
 from lookahead_dev.webhook_receiver import WebhookReceiver
@@ -817,4 +822,83 @@ def live_deleting_the_policy_mid_measurement_restores_the_service_exactly(
 
 
 def test_live_deleting_the_policy_mid_measurement_restores_the_service_exactly(running, request, reliability):
+    running.result(request)
+
+
+ROUTE = ("gateway.networking.k8s.io", "v1")
+
+
+def _http_route(custom, ns: str) -> dict:
+    """The user's HTTPRoute: a health rule and the chat rule that sends everything to the fleet's
+    Service (no Gateway serves it here: no data plane runs on this node, so the test reads the
+    weights the operator writes and that the route comes back exactly, not the traffic they send)."""
+    body = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "chat", "namespace": ns, "annotations": {"team": "chat"}},
+            "spec": {"parentRefs": [{"name": "inference-gateway"}], "rules": [
+                {"name": "health", "matches": [{"path": {"type": "PathPrefix", "value": "/health"}}],
+                 "backendRefs": [{"name": "chat", "port": 80}]},
+                {"name": "chat", "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                 "backendRefs": [{"name": "chat", "port": 80, "weight": 3}]}]}}
+    return custom.create_namespaced_custom_object(*ROUTE, ns, "httproutes", body)
+
+
+def _read_route(custom, ns: str) -> dict:
+    return custom.get_namespaced_custom_object(*ROUTE, ns, "httproutes", "chat")
+
+
+@scenarios.add
+def live_gateway_api_splits_the_route_and_deleting_the_policy_restores_it_exactly(
+        apis, operator_pod, prometheus, tmp_path) -> None:
+    apps, core, custom, batch = apis
+    install_gateway_crds(core.api_client)
+    ns = "e2e-live-gw"
+    url, before, service = _live_start(apis, ns, GOOD_GPU, tmp_path, 265, prometheus.url)
+    route = _http_route(custom, ns)
+    fleet = set(_serving_pods(core, ns))
+    body = _live_policy(ns, prometheus.url)
+    # split gatewayAPI instead of the Service's replica ratio: the chat rule's weights, by name
+    body["spec"]["load"].update({"split": "gatewayAPI", "gatewayAPI": {
+        "httpRouteRef": {"name": "chat"}, "ruleName": "chat", "backendRef": {"name": "chat", "port": 80}}})
+    arms = {role: livesplit.arm_backend_name({"metadata": {"name": "chat", "namespace": ns}}, role, ns)
+            for role in ("canary", "control")}
+    with production_traffic(url, tmp_path, seed=265, schedule="0:1") as traffic:
+        traffic.wait_requests(3, timeout=60, ok=True)
+        t0 = time.time()
+        apply_policy(custom, body)
+        st = wait_for(lambda: (s := get_policy(custom, ns, "chat").get("status") or {}).get("phase") == "Measuring"
+                      and s, 240, "the route split and the arms measured", interval=1.0)
+        split = _read_route(custom, ns)
+        refs = split["spec"]["rules"][1]["backendRefs"]
+        weights = {r["name"]: r.get("weight", 1) for r in refs}
+        share = {arms[r]: weights[arms[r]] / sum(weights.values()) for r in arms}
+        # 20% each of what the rule sent the fleet, the fleet's weight reduced by as much; the
+        # health rule and the route's own annotation as they were
+        assert set(weights) == {"chat", *arms.values()} and all(abs(x - 0.2) < 1e-9 for x in share.values()), refs
+        assert abs(st["live"]["share"] - 0.2) < 1e-6 and st["live"]["route"] == f"{ns}/chat", st["live"]
+        assert split["spec"]["rules"][0] == route["spec"]["rules"][0]
+        assert split["metadata"]["annotations"]["team"] == "chat"
+        # each arm is reached through its own Service only, never through the fleet's
+        for role, name in arms.items():
+            assert set(wait_for(lambda: _serving_pods(core, ns, name) or None, 60, f"{role}'s Service endpoints",
+                                interval=1.0).values()) == {role}
+        assert set(_serving_pods(core, ns)) == fleet
+        custom.delete_namespaced_custom_object(*_policy_path(ns, "chat"))
+
+        def restored():
+            names = {s.metadata.name for s in core.list_namespaced_service(ns).items}
+            return (_gone(custom, ns, "chat") and no_leftovers(apps, batch, ns, "chat")
+                    and not set(arms.values()) & names
+                    and "lookahead.dev/original-backend-refs" not in (_read_route(custom, ns)["metadata"]
+                                                                      .get("annotations") or {}))
+        wait_for(restored, 90, "the policy, the arms and their Services gone, the route restored", interval=1.0)
+        served = assert_no_failed_requests(traffic, t0, "a gatewayAPI split deleted mid-measurement")
+    after = _read_route(custom, ns)
+    print(f"\n{ns}: route weights while measuring {weights}; restored; traffic: {served}")
+    assert after["spec"] == route["spec"] and after["metadata"].get("annotations") == route["metadata"]["annotations"]
+    assert core.read_namespaced_service("chat", ns).spec.to_dict() == service
+    assert sanitized(apps, ns, LIVE_FLEET)["spec"] == before["spec"]
+
+
+def test_live_gateway_api_splits_the_route_and_deleting_the_policy_restores_it_exactly(
+        running, request, reliability):
     running.result(request)

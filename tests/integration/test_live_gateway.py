@@ -12,7 +12,6 @@ read and write of the route and the backends is the operator's real code against
 from __future__ import annotations
 
 import copy
-import subprocess
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +21,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from lookahead_dev.devcluster import cache_dir, wait_for
+from lookahead_dev.gatewaycrds import install_gateway_crds
 from lookahead_operator.api.names import ANNOTATION_ABORT, ANNOTATION_ORIGINAL_BACKEND_REFS, ROLES
 from lookahead_operator.api.policy import LookaheadPolicy
 from lookahead_operator.api.status import LookaheadPolicyStatus, Phase, PreflightStatus
@@ -37,54 +36,16 @@ from .test_crd import install_crd
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "hack" / "fetch-gateway-crds.sh"
 ROUTES = ("gateway.networking.k8s.io", "v1", "httproutes")
 POOLS = ("inference.networking.k8s.io", "v1", "inferencepools")
 READY = {"canary": True, "control": True}
 CANDIDATE = sm.PreflightResult(PreflightStatus(candidate=True, verdict="DecodeBoundIdleCompute"), [1])
 
 
-def _crd_dir() -> Path:
-    """The two CRDs, fetched by the Makefile's step (``make gateway-crds``) when not cached yet."""
-    text = SCRIPT.read_text()
-    gw = next(line.split(":-")[1].rstrip("}") for line in text.splitlines() if line.startswith("GATEWAY_API_VERSION="))
-    ie = next(line.split(":-")[1].rstrip("}")
-              for line in text.splitlines() if line.startswith("INFERENCE_EXTENSION_VERSION="))
-    out = cache_dir() / f"gateway-crds-{gw}-{ie}"
-    if not (out / "httproutes.yaml").is_file() or not (out / "inferencepools.yaml").is_file():
-        subprocess.run(["bash", str(SCRIPT)], check=True, timeout=900)
-    return out
-
-
-def _install(kube_api, path: Path) -> str:
-    ext = client.ApiextensionsV1Api(kube_api)
-    body = yaml.safe_load(path.read_text())
-    name = body["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    group, plural = body["spec"]["group"], body["spec"]["names"]["plural"]
-    version = next(v["name"] for v in body["spec"]["versions"] if v.get("storage"))
-
-    def served():
-        crd = ext.read_custom_resource_definition(name)
-        conds = {c.type: c.status for c in (crd.status.conditions or [])} if crd.status else {}
-        if conds.get("Established") != "True":
-            return None
-        client.CustomObjectsApi(kube_api).list_cluster_custom_object(group, version, plural, limit=1)
-        return True
-
-    wait_for(served, 60, f"CRD {name} served")
-    return name
-
-
 @pytest.fixture(scope="module")
 def gateway_crds(kube_api):
-    crds = _crd_dir()
     install_crd(kube_api)  # the LookaheadPolicy CRD: the arms' backends are owned by a real policy
-    return [_install(kube_api, crds / "httproutes.yaml"), _install(kube_api, crds / "inferencepools.yaml")]
+    return install_gateway_crds(kube_api)
 
 
 @pytest.fixture()
