@@ -140,10 +140,11 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
         world.guard_sides = guard_sides(listed, world, status, driven["control"])
     world.load_pods_gone = gone_load_targets(jobs, run, driven)
     if spec.load.mode == LoadMode.live and spec.load.split == LoadSplit.gateway_api:
-        if status.phase in (Phase.Preflight, Phase.Launching) or (
+        if status.phase in (Phase.Preflight, Phase.Launching, Phase.Measuring) or (
                 status.phase in WITH_ROLES and not all(world.roles_present.values())):
             # the route and the fleet's backend: Preflight's split, the route written in Launching,
-            # an arm (re)created; not every pass (every exit's restore reads the route afresh)
+            # still split as written while Measuring reads the arms, an arm (re)created; not in the
+            # later phases (every exit's restore reads the route afresh)
             _read_live_route(k, world, spec)
     elif spec.load.mode == LoadMode.live and (status.phase == Phase.Preflight or (
             status.phase in WITH_ROLES and not all(world.roles_present.values()))):
@@ -233,6 +234,7 @@ def _read_live_route(k, world: Observed, spec: LookaheadPolicySpec) -> None:
                                       f"HTTPRoute {ns}/{name} could not be read: {api_message(exc)}"[:500])
         return
     if world.live_route is None:
+        world.live_route_gone = True
         world.live_gateway_refusal = ("spec.load.gatewayAPI.httpRouteRef",
                                       f"HTTPRoute {ns}/{name} not found (is Gateway API's HTTPRoute CRD installed?)")
         return

@@ -136,6 +136,7 @@ class Observed:
     live_route: dict | None = None
     live_backend: dict | None = None
     live_gateway_refusal: tuple[str, str] | None = None
+    live_route_gone: bool = False      # the route was read and is not there (a 404, not an error)
     read_errors: list[ReadError] = field(default_factory=list)
     fingerprint: str = ""              # LookaheadPolicySpec.fingerprint(): what is measured (not `paused`)
     approved_decision: str | None = None     # `kubectl lookahead approve` writes the decision id it approves

@@ -305,3 +305,28 @@ def test_inference_pool_arms_beside_a_service_fleet(kube_api, namespace):
     op.pass_()
     _same_route(before, _read_route(kube_api, ns))
     assert _backends(kube_api, ns, "InferencePool") == {}
+
+
+def test_a_route_put_back_by_gitops_while_measuring_ends_the_measurement_and_is_left_as_put(kube_api, namespace):
+    # a GitOps tool (Argo CD, Flux) syncs the route back to what is in git while the arms measure:
+    # the operator stops instead of fighting it, and writes nothing more to the route
+    ns = namespace
+    _fleet(kube_api, ns)
+    client.CoreV1Api(kube_api).create_namespaced_service(ns, {"metadata": {"name": "chat"}, "spec": {
+        "selector": {"app": "llm-chat"}, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}})
+    _route(kube_api, ns, {"name": "chat", "port": 8000})
+    op = _claimed(Operator(kube_api, _policy(kube_api, ns, {"httpRouteRef": {"name": "chat"},
+                                                            "backendRef": {"name": "chat", "port": 8000}}),
+                           LookaheadPolicyStatus()))
+    before = _launch_and_split(kube_api, op, ns, "Service")
+    synced = _read_route(kube_api, ns)
+    synced["spec"], synced["metadata"]["annotations"] = before["spec"], before["metadata"]["annotations"]
+    client.CustomObjectsApi(kube_api).replace_namespaced_custom_object(*ROUTES[:2], ns, ROUTES[2], "chat", synced)
+    as_put = _read_route(kube_api, ns)
+    plan, _ = op.pass_(roles_ready=READY, roles_present=READY)
+    assert op.status.phase == Phase.Failed and "changed while measuring" in op.status.message, op.status.message
+    assert K.SPLIT_ROUTE not in [a.kind for a in plan.actions]
+    after = _read_route(kube_api, ns)
+    assert after["metadata"]["resourceVersion"] == as_put["metadata"]["resourceVersion"]  # not written again
+    _same_route(before, after)
+    assert _backends(kube_api, ns, "Service") == {}

@@ -159,6 +159,8 @@ def _measuring_live(ctx: PassContext) -> None:
         progress.live_edges = list(live.edges)  # fixed before any window is compared
     if live is not None and _aborted(ctx):
         return
+    if _gateway(ctx) and _route_changed(ctx):
+        return
     if live is not None and live.results is not None:
         _table(ctx, live.results, live.windows)
     elapsed = ctx.since(progress.measuring_since)
@@ -177,6 +179,38 @@ def _measuring_live(ctx: PassContext) -> None:
     # the abort is checked every checkInterval, and a window closes every sampleInterval
     left = spec.analysis.deadline - elapsed
     ctx.wait(max(0.5, min(_seconds(spec.analysis.abort.check_interval), _seconds(left))))
+
+
+def _route_changed(ctx: PassContext) -> bool:
+    """Measuring, ``split: gatewayAPI``: the route as read this pass must still be the split
+    Launching wrote. Someone else changed it (a user; a GitOps tool putting back what is in git; the
+    route deleted): the arms no longer get the share the windows are read as, so the measurement
+    ends, Failed (RouteChanged): canary and control deleted, the route restored from its annotation
+    where it still has one (a route put back whole has none, and is left as it is). Not rewritten:
+    the operator does not fight whoever owns the route. A route that could not be read this pass
+    is read again on the next one (the deadline bounds it)."""
+    world, gw = ctx.world, ctx.spec.load.gateway_api
+    ns, name = livesplit.route_ref(gw, world.namespace)
+    source = role_source(world)
+    if world.live_route_gone:
+        why = "it was deleted"
+    elif world.live_route is None or source is None:
+        return False
+    else:
+        try:
+            want = livesplit.gateway_split(world.live_route, _policy(ctx), gw, source.namespace,
+                                           ctx.spec.load.live_percent or 0.0, world.live_backend)
+        except livesplit.LiveSplitError as exc:
+            why = str(exc)
+        else:
+            if livesplit.route_split_in_place(world.live_route, want):
+                return False
+            why = "its rule is no longer the split the operator wrote"
+    _stop(ctx, Phase.Failed, "RouteChanged",
+          f"live: HTTPRoute {ns}/{name} changed while measuring ({why}): the arms no longer get "
+          f"{(ctx.spec.load.live_percent or 0.0) * 100:g}% each, so their windows mean nothing; canary and control "
+          "were deleted and the route restored from its annotation where it still had one; lookahead stays off")
+    return True
 
 
 def _settled(results: LiveResults) -> bool:

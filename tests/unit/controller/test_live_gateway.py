@@ -61,7 +61,7 @@ def to_measuring(w):
     assert w.status.phase == Phase.Launching and K.SPLIT_ROUTE in kinds(plan)
     _, w = run(replace(w, live_route=split()))                         # read back split: Measuring
     assert w.status.phase == Phase.Measuring
-    return replace(w, live_route=None, live_backend=None)              # (not read while both arms are there)
+    return w                                   # (read again on every pass of Measuring: still split so)
 
 
 def at(w, seconds):
@@ -237,3 +237,33 @@ def test_arms_not_ready_by_the_launch_deadline_fail_with_their_backends_deleted_
     assert w.status.phase == Phase.Failed and "CanaryNotReady" in [r for _, r, _ in plan.events]
     restores_first(plan)
     assert K.ENSURE_ARM_BACKENDS not in kinds(plan) and K.ENSURE_ROLES not in kinds(plan)
+
+
+@pytest.mark.parametrize("edit", ["reverted", "reweighted", "deleted"])
+def test_a_route_changed_by_someone_else_while_measuring_ends_failed_never_rewritten(edit):
+    # a GitOps tool putting back the route in git (no annotation, no arms), a user's new weights on
+    # the split rule, or the route deleted: the arms' windows no longer mean their share
+    w = to_measuring(gw_world())
+    m = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(), control_recent=healthy())
+    plan, same = run(replace(at(w, 30), live=m))
+    assert same.status.phase == Phase.Measuring and K.SPLIT_ROUTE not in kinds(plan)
+    changed = split()
+    if edit == "reverted":
+        changed = ROUTE
+    elif edit == "reweighted":
+        changed["spec"]["rules"][0]["backendRefs"][0]["weight"] = 1
+    gone = edit == "deleted"
+    plan, w = run(replace(at(w, 40), live=m, live_route=None if gone else changed, live_route_gone=gone))
+    assert w.status.phase == Phase.Failed and ("Warning", "RouteChanged") in [e[:2] for e in plan.events], plan.events
+    assert "changed while measuring" in w.status.message and "2.5% each" in w.status.message
+    assert K.SPLIT_ROUTE not in kinds(plan)
+    restores_first(plan)
+
+
+def test_a_route_that_could_not_be_read_while_measuring_is_read_again():
+    w = to_measuring(gw_world())
+    m = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(), control_recent=healthy())
+    _, w = run(replace(at(w, 30), live=m, live_route=None, live_backend=None,
+                       live_gateway_refusal=("spec.load.gatewayAPI.httpRouteRef", "HTTPRoute serving/chat could not "
+                                             "be read: 503")))
+    assert w.status.phase == Phase.Measuring
