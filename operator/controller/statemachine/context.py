@@ -93,7 +93,9 @@ class PassContext:
         if live is None or not live.route or any(a.kind == ActionKind.RESTORE_ROUTE for a in self.actions):
             return
         ns, _, name = live.route.partition("/")
-        self.act(ActionKind.RESTORE_ROUTE, route=(ns, name))
+        # first of the pass's actions, whatever was planned before it: the arms' share goes before
+        # anything else of the rollout does
+        self.actions.insert(0, Action(ActionKind.RESTORE_ROUTE, route=(ns, name)))
 
     def act(self, kind: ActionKind, **kw) -> None:
         if kind == ActionKind.ENSURE_ROLES and "replicas" not in kw and self.world.spec is not None:

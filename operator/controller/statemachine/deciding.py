@@ -12,7 +12,8 @@ from lookahead_operator.api.status import DecisionAction, Phase
 
 def _deciding(ctx: PassContext) -> None:
     world, spec = ctx.world, ctx.spec
-    ctx.restore_route()  # gatewayAPI: measuring is over; the route goes back to the fleet alone, whatever is decided
+    # (split gatewayAPI: a decision that ends the rollout restores the route in _stop/_roll_back; a
+    # promotion keeps it split, the control serving its share for the guard, until the guard ends)
     if world.decision is None:
         ctx.wait(world.poll_s)
         return

@@ -6,8 +6,9 @@ backends. Launching writes the route once both arms are ready (``_route_split``)
 (``_measuring_live``) reads every window since both serve, checks the safety abort every
 ``analysis.abort.checkInterval``, keeps ``status.live`` (the per-stratum table) and goes to Deciding
 once every visited stratum is settled (after ``load.stepDuration`` at least) or at
-``analysis.deadline``; Deciding decides from that table (``measurement.live.decision``) and gives
-the route back to the fleet alone. Every exit restores the route first (``PassContext.restore_route``,
+``analysis.deadline``; Deciding decides from that table (``measurement.live.decision``). The route
+stays split through a promotion's waves and guard (the guard's control serves its share beside the
+promoted pods); every exit, and the guard's end, restores it first (``PassContext.restore_route``,
 ``cleanup``)."""
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_the_safety_abort_restores_the_route_before_anything_else():
     (dict(windows=30, results=results(1.6)), DecisionAction.Rollback),
     (dict(windows=4, results=results(0.5, n=4)), DecisionAction.Inconclusive),
 ])
-def test_deciding_gives_the_route_back_whatever_it_decides(measured, action):
+def test_deciding_gives_the_route_back_unless_it_promotes_then_the_guard_does(measured, action):
     from lookahead_operator.measurement import live as live_measure
 
     w = to_measuring(gw_world())
@@ -176,10 +176,11 @@ def test_deciding_gives_the_route_back_whatever_it_decides(measured, action):
     decision = live_measure.decision(SPEC, w.status, max_batch_size=32)
     assert decision.action == action
     plan, w = run(replace(w, decision=decision))
-    assert kinds(plan)[0] == K.RESTORE_ROUTE
     if action == DecisionAction.PromoteRegimeAware:
-        # the waves start with the route the fleet's alone; the arms stay for the guard's control
+        # the route stays split through the waves and the guard: on a fleet that serves users the
+        # guard compares the promoted pods with the control serving its share beside them
         assert w.status.phase == Phase.Promoting and K.DELETE_ROLES not in kinds(plan)
+        assert K.RESTORE_ROUTE not in kinds(plan)
     else:
         assert w.status.phase == (Phase.RolledBack if action == DecisionAction.Rollback else Phase.Failed)
         restores_first(plan)
