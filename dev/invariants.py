@@ -586,13 +586,14 @@ def check_decision(policy: Mapping, strict: bool = True) -> list[str]:
 
 def check_live_decision(policy: Mapping, spec, what: str) -> list[str]:
     """Live mode's promotion needs, in ``status.live``, a run of ``Wins`` strata (each over at least
-    ``load.minSamplesPerStep`` windows) from the lowest stratum the traffic visited, and lookahead on
+    ``load.minSamplesPerStep`` windows, as many paired) from the lowest stratum the traffic visited, and lookahead on
     no further than the control's mean running batch (rounded up) in the busiest of them: a
     promotion is never backed by a Pending stratum or by load it was not measured at."""
     status = policy.get("status") or {}
     decision = status.get("decision") or {}
     need = spec.load.min_samples_per_step
-    strata = [s for s in (status.get("live") or {}).get("strata") or [] if int(s.get("windows") or 0) >= need]
+    strata = [s for s in (status.get("live") or {}).get("strata") or []
+              if int(s.get("windows") or 0) >= need and int(s.get("pairs") or 0) >= need]
     if not strata:
         return [f"{what} without a live stratum of {need} windows or more"]
     run = []

@@ -170,6 +170,11 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     """The decision from ``status.live``'s strata (pure; ``stats.live.read_run`` reads them as the
     sweep's rules read batch sizes):
 
+    A stratum is *visited* when it holds ``load.minSamplesPerStep`` windows and as many paired ones
+    (both arms served tokens in the window: at a low load an arm of one pod idles in many windows).
+    A stratum with the windows but not the pairs could never be answered: below the lowest visited
+    stratum it is read as unmeasured, as a load the traffic did not reach is (the reason names it).
+
     * no run of Wins from the lowest visited stratum and a visited stratum loses (NoGain or
       Regresses): **Rollback**, lookahead measured not to pay at a load the fleet carries (also when
       a briefly visited lower load is still Pending: nothing could be enabled there alone, since
@@ -185,7 +190,7 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     strata = list(live.strata or []) if live is not None else []
     minimum = spec.load.min_samples_per_step
     outcomes = [_OUTCOME.get(s.outcome, StratumOutcome.PENDING) for s in strata]
-    visited = [s.windows >= minimum for s in strata]
+    visited = [s.windows >= minimum and s.pairs >= minimum for s in strata]
     run, cross = read_run(outcomes, visited)
     table = "; ".join(_row_words(s) for s in strata if s.windows) or "no window of live traffic"
     evidence = {"live": live.to_dict() if live is not None else None, "minWindows": minimum,
@@ -200,10 +205,13 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
                         reason=f"live: lookahead does not pay at {where} ({_row_words(strata[loss])}); {table}",
                         evidence=evidence)
     if first is None or not run:
-        why = ("no offered-load stratum got " f"{minimum} windows of live traffic" if first is None else
+        why = (f"no offered-load stratum got {minimum} paired windows of live traffic" if first is None else
                f"the lowest stratum the traffic visited has no answer ({_row_words(strata[first])})")
         return Decision(action=DecisionAction.Inconclusive, reason=f"live: {why} by the analysis deadline; "
                                                                    f"lookahead stays off ({table})", evidence=evidence)
+    unanswered = [_row_words(strata[i]) for i in range(first) if strata[i].windows >= minimum]
+    below = (f"; below it {'; '.join(unanswered)}: too few paired windows to answer, read as unmeasured"
+             if unanswered else "")
     top = max_batch_size or DEFAULT_MAX_BATCH_SIZE
     busiest = max((strata[i].control_running or 0.0) for i in run)
     cap = max(1, math.ceil(busiest - 1e-9))
@@ -216,12 +224,12 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     where = f"up to a running batch of {cap} (the control's at the busiest winning load)"
     if cap >= top:
         return Decision(action=DecisionAction.Promote, reason=f"live: lookahead pays at every load measured, "
-                                                              f"{where}, the engine's maximum {top}; {table}",
+                                                              f"{where}, the engine's maximum {top}{below}; {table}",
                         regime=[RegimeRange(start=1, end=top, enabled=True)], evidence=evidence)
     cross_words = (f"; it stops paying at {strata[cross].offered_low:g} requests per pod per window "
                    f"(running batch {crossover})" if cross is not None and crossover else "; above it unmeasured")
     return Decision(action=DecisionAction.PromoteRegimeAware, crossover_batch_size=crossover,
-                    reason=f"live: lookahead pays {where}, off above{cross_words}; {table}",
+                    reason=f"live: lookahead pays {where}, off above{cross_words}{below}; {table}",
                     regime=[RegimeRange(start=1, end=cap, enabled=True),
                             RegimeRange(start=cap + 1, end=max(top, cap + 1), enabled=False)],
                     evidence=evidence)
@@ -233,4 +241,5 @@ _OUTCOME = {o.value: o for o in StratumOutcome}
 def _row_words(s: LiveStratum) -> str:
     hi = f"{s.offered_high:g}" if s.offered_high is not None else "inf"
     change = f" latency {s.latency_change * 100:+.1f}%" if s.latency_change is not None else ""
-    return f"load [{s.offered_low:g}, {hi}): {s.outcome}{change} over {s.windows} windows"
+    paired = f" ({s.pairs} paired)" if s.pairs < s.windows else ""
+    return f"load [{s.offered_low:g}, {hi}): {s.outcome}{change} over {s.windows} windows{paired}"

@@ -180,8 +180,9 @@ def test_a_loss_at_the_fleets_load_rolls_back():
 
 def _table_decision(*rows):
     """decision() on a status.live table of (windows, outcome) rows, one per doubling of load."""
-    strata = [LiveStratum(index=i, offered_low=2.0 ** i, offered_high=2.0 ** (i + 1), windows=n, outcome=o,
-                          latency_change=0.2, control_running=1.0 + i) for i, (n, o) in enumerate(rows)]
+    strata = [LiveStratum(index=i, offered_low=2.0 ** i, offered_high=2.0 ** (i + 1), windows=row[0], outcome=row[1],
+                          pairs=row[2] if len(row) > 2 else row[0], latency_change=0.2, control_running=1.0 + i)
+              for i, row in enumerate(rows)]
     return live_measure.decision(SPEC, LookaheadPolicyStatus(live=LiveStatus(strata=strata)), max_batch_size=32)
 
 
@@ -199,6 +200,21 @@ def test_a_loss_where_the_fleet_runs_rolls_back_though_a_brief_lower_load_is_pen
     d = _table_decision((0, "Pending"), (enough, "Wins"), (enough, "Wins"), (enough, "Regresses"))
     assert d.action == DecisionAction.PromoteRegimeAware
     assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 3, True), (4, 32, False)]
+
+
+def test_a_low_load_whose_windows_are_too_rarely_paired_to_answer_is_read_as_unmeasured():
+    # a run of the win e2e: at the lowest load the arms' one pod each idled in most windows; 9
+    # windows, 3 paired, Pending to the deadline, above it two strata won: regime-aware, saying so
+    enough = SPEC.load.min_samples_per_step
+    d = _table_decision((enough + 4, "Pending", 3), (5 * enough, "Wins"), (7 * enough, "Wins"))
+    assert d.action == DecisionAction.PromoteRegimeAware, d.reason
+    assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 3, True), (4, 32, False)]
+    assert "too few paired windows to answer" in d.reason and "(3 paired)" in d.reason
+    # paired enough, still Pending at the deadline: an answer is missing, nothing is promoted
+    assert _table_decision((enough + 4, "Pending"), (5 * enough, "Wins")).action == DecisionAction.Inconclusive
+    # no stratum with enough pairs anywhere: Inconclusive, never a win
+    d = _table_decision((3 * enough, "Pending", enough - 1))
+    assert d.action == DecisionAction.Inconclusive and "paired windows" in d.reason
 
 
 def test_edges_put_the_fleets_load_in_the_middle_of_a_stratum_one_per_doubling():
