@@ -173,15 +173,21 @@ def _launch_and_split(kube_api, op: Operator, ns: str, kind: str) -> dict:
     return before
 
 
-def test_a_service_backend_is_split_and_restored_exactly_by_the_safety_path(kube_api, namespace):
-    ns = namespace
+def _service_fleet(kube_api, ns: str) -> Operator:
+    """A fleet behind its Service, the route's chat rule sending to it, and a claimed policy that
+    splits that rule with Service arms."""
     _fleet(kube_api, ns)
     client.CoreV1Api(kube_api).create_namespaced_service(ns, {"metadata": {"name": "chat"}, "spec": {
         "selector": {"app": "llm-chat"}, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}})
     _route(kube_api, ns, {"name": "chat", "port": 8000})
-    op = _claimed(Operator(kube_api, _policy(kube_api, ns, {"httpRouteRef": {"name": "chat"},
-                                                            "backendRef": {"name": "chat", "port": 8000}}),
-                           LookaheadPolicyStatus()))
+    return _claimed(Operator(kube_api, _policy(kube_api, ns, {"httpRouteRef": {"name": "chat"},
+                                                              "backendRef": {"name": "chat", "port": 8000}}),
+                             LookaheadPolicyStatus()))
+
+
+def test_a_service_backend_is_split_and_restored_exactly_by_the_safety_path(kube_api, namespace):
+    ns = namespace
+    op = _service_fleet(kube_api, ns)
     before = _launch_and_split(kube_api, op, ns, "Service")
     # `kubectl lookahead abort`: the route first, then the arms and their backends
     op.policy = {**op.policy, "metadata": {**op.policy["metadata"], "annotations": {ANNOTATION_ABORT: "true"}}}
@@ -311,13 +317,7 @@ def test_a_route_put_back_by_gitops_while_measuring_ends_the_measurement_and_is_
     # a GitOps tool (Argo CD, Flux) syncs the route back to what is in git while the arms measure:
     # the operator stops instead of fighting it, and writes nothing more to the route
     ns = namespace
-    _fleet(kube_api, ns)
-    client.CoreV1Api(kube_api).create_namespaced_service(ns, {"metadata": {"name": "chat"}, "spec": {
-        "selector": {"app": "llm-chat"}, "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}})
-    _route(kube_api, ns, {"name": "chat", "port": 8000})
-    op = _claimed(Operator(kube_api, _policy(kube_api, ns, {"httpRouteRef": {"name": "chat"},
-                                                            "backendRef": {"name": "chat", "port": 8000}}),
-                           LookaheadPolicyStatus()))
+    op = _service_fleet(kube_api, ns)
     before = _launch_and_split(kube_api, op, ns, "Service")
     synced = _read_route(kube_api, ns)
     synced["spec"], synced["metadata"]["annotations"] = before["spec"], before["metadata"]["annotations"]

@@ -116,6 +116,14 @@ def _ensure_arms(ctx: PassContext) -> None:
     ctx.act(ActionKind.ENSURE_ROLES)
 
 
+def _wanted_split(ctx: PassContext, namespace: str) -> livesplit.RouteSplit:
+    """The split Preflight fixed, of the route as read this pass (raises ``LiveSplitError`` when the
+    route can no longer give it): what Launching writes and what Measuring checks is still there."""
+    world = ctx.world
+    return livesplit.gateway_split(world.live_route, _policy(ctx), ctx.spec.load.gateway_api, namespace,
+                                   ctx.spec.load.live_percent or 0.0, world.live_backend)
+
+
 def _route_split(ctx: PassContext) -> bool:
     """Launching, ``split: gatewayAPI``, both arms ready: is the route's rule split as Preflight
     fixed it (read this pass)? If not, write it (``SPLIT_ROUTE``: saved, then re-weighted, one
@@ -127,8 +135,7 @@ def _route_split(ctx: PassContext) -> bool:
     source = role_source(world)
     if world.live_route is not None and source is not None:
         try:
-            want = livesplit.gateway_split(world.live_route, _policy(ctx), gw, source.namespace,
-                                           ctx.spec.load.live_percent or 0.0, world.live_backend)
+            want = _wanted_split(ctx, source.namespace)
         except livesplit.LiveSplitError as exc:
             ctx.fact(C.Accepted, False, "LiveSplitRefused", str(exc))
             _stop(ctx, Phase.Failed, "LiveSplitRefused", f"{exc}; canary and control were deleted and the route "
@@ -199,8 +206,7 @@ def _route_changed(ctx: PassContext) -> bool:
         return False
     else:
         try:
-            want = livesplit.gateway_split(world.live_route, _policy(ctx), gw, source.namespace,
-                                           ctx.spec.load.live_percent or 0.0, world.live_backend)
+            want = _wanted_split(ctx, source.namespace)
         except livesplit.LiveSplitError as exc:
             why = str(exc)
         else:
