@@ -241,13 +241,15 @@ def _delete_roles(c: Ctx, a: Action) -> None:
                        f"({d['spec'].get('replicas')}): it stands, nothing added")
 
 
-def _replace_checked(c: Ctx, ns: str, name: str, write) -> None:
-    """Read the target fresh and ``write(d)`` (a whole-object PUT carrying the resourceVersion read);
-    on a 409 read again and retry (``WRITE_ATTEMPTS``). ``write`` returns nothing and decides from
-    what it read, so every retry re-checks the target (a user's edit that raced the write is then
-    seen and left alone). A 404 (the target deleted under us, ``_unless_gone``) is done."""
+def _replace_checked(c: Ctx, ns: str, name: str, write, read=None) -> None:
+    """Read the object fresh (``read(ns, name)``, a target Deployment by default) and ``write(d)``
+    (a whole-object PUT carrying the resourceVersion read); on a 409 read again and retry
+    (``WRITE_ATTEMPTS``). ``write`` returns nothing and decides from what it read, so every retry
+    re-checks the object (a user's edit that raced the write is then seen and left alone). A 404
+    (the object deleted under us, ``_unless_gone``) is done."""
+    read = read or c.k.fresh_deployment
     for attempt in range(WRITE_ATTEMPTS):
-        d = c.k.fresh_deployment(ns, name)
+        d = read(ns, name)
         if d is None:
             return
         try:
@@ -386,65 +388,53 @@ def _ensure_arm_backends(c: Ctx, a: Action) -> None:
 
 def _split_route(c: Ctx, a: Action) -> None:
     """Re-weight the route's rule (``livesplit.gateway_split``: its backendRefs saved verbatim on
-    the route in the same write): read fresh, then one PUT carrying that resourceVersion; on a 409
-    (the route changed since: a user, a gateway controller) read again and split that
-    (``WRITE_ATTEMPTS``). A route already split so is not written; a route gone is not split (the
-    next pass reads it and the state machine decides)."""
+    the route in the same write), read fresh and written with ``_replace_checked`` (one PUT carrying
+    that resourceVersion; a 409, the route changed since by a user or a gateway controller, reads
+    it again and splits that). A route already split so is not written; a route gone is not split
+    (the next pass reads it and the state machine decides)."""
     w, gw = c.world, c.spec.load.gateway_api if c.spec is not None else None
     if gw is None or a.route is None:
         return
-    for attempt in range(WRITE_ATTEMPTS):
-        route = c.k.get_http_route(*a.route)
-        if route is None:
-            return
+
+    def write(route: dict) -> None:
         want = livesplit.gateway_split(route, c.body, gw, _roles_namespace(w), c.spec.load.live_percent or 0.0,
                                        w.live_backend)
         if livesplit.route_split_in_place(route, want):
             return
-        try:
-            c.k.replace_http_route(want.route)
-        except ApiException as exc:
-            if exc.status == 409 and attempt + 1 < WRITE_ATTEMPTS:
-                continue
-            raise
+        c.k.replace_http_route(want.route)
         post_event(c.k, c.body, "Normal", "RouteSplit",
                    f"HTTPRoute {a.route[0]}/{a.route[1]} rule {want.rule_index}: the fleet's backendRef weight "
                    f"{want.weights.fleet}, canary and control {want.weights.arm} each "
                    f"({want.weights.share * 100:.4g}% each); its backendRefs as they were are saved on it")
-        return
+
+    _replace_checked(c, *a.route, write, read=c.k.get_http_route)
 
 
 def _restore_route(c: Ctx, a: Action) -> None:
     """Put the route's split rule back exactly (``livesplit.restore_route``: the saved backendRefs
     verbatim, the annotation removed), from the annotation on the route as read now (after an
-    operator restart too): one PUT with the resourceVersion read, re-read on a 409. A route that
-    is not split (restored before, never split) or gone is left alone. An annotation that cannot be
-    read, or a split rule the user removed, cannot be put back: a Warning Event says so (what to
-    restore by hand), and the exit goes on: nothing is retried forever."""
+    operator restart too), written with ``_replace_checked`` (the resourceVersion read, re-read on
+    a 409). A route that is not split (restored before, never split) or gone is left alone. An
+    annotation that cannot be read, or a split rule the user removed, cannot be put back: a Warning
+    Event says so (what to restore by hand), and the exit goes on: nothing is retried forever."""
     if a.route is None:
         return
     ns, name = a.route
-    for attempt in range(WRITE_ATTEMPTS):
-        route = c.k.get_http_route(ns, name)
-        if route is None or (((route.get("metadata") or {}).get("annotations") or {})
-                             .get(livesplit.ANNOTATION_ORIGINAL_BACKEND_REFS)) is None:
+
+    def write(route: dict) -> None:
+        if ((route.get("metadata") or {}).get("annotations") or {}).get(livesplit.ANNOTATION_ORIGINAL_BACKEND_REFS) \
+                is None:
             return
         try:
             restored = livesplit.restore_route(route)
         except livesplit.LiveSplitError as exc:
             post_event(c.k, c.body, "Warning", "RouteNotRestored", f"{exc}")
             return
-        try:
-            c.k.replace_http_route(restored)
-        except ApiException as exc:
-            if exc.status == 409 and attempt + 1 < WRITE_ATTEMPTS:
-                continue
-            if exc.status == 404:
-                return
-            raise
+        c.k.replace_http_route(restored)
         post_event(c.k, c.body, "Normal", "RouteRestored",
                    f"HTTPRoute {ns}/{name}: the split rule's backendRefs restored as they were; the fleet's again")
-        return
+
+    _replace_checked(c, ns, name, write, read=c.k.get_http_route)
 
 
 def _delete_arm_backends(c: Ctx, a: Action) -> None:
