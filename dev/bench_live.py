@@ -385,9 +385,10 @@ def stratum_keys(st: LiveStreams) -> tuple[np.ndarray, int]:
     return np.stack([x.index(st.offered[s]) for s, x in enumerate(strata)]), n_s
 
 
-def run_ours(st: LiveStreams, th: Thresholds, max_ttft: float = 0.5):
-    """Per stratum: (outcome, pairs read, windows in it), each (seeds, n_strata)."""
-    key, n_s = stratum_keys(st)
+def run_ours(st: LiveStreams, th: Thresholds, max_ttft: float = 0.5, keys: tuple[np.ndarray, int] | None = None):
+    """Per stratum: (outcome, pairs read, windows in it), each (seeds, n_strata). ``keys``:
+    ``stratum_keys(st)`` when the caller has them already."""
+    key, n_s = keys if keys is not None else stratum_keys(st)
     fth = live_thresholds(th, n_s)
     outs, reads, windows = [], [], []
     for s in range(n_s):
@@ -642,11 +643,11 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
         aborted = abort_codes > 0
         u.aborted += int(aborted.sum())
         u.runs += seeds
-        ours, ours_reads, windows = run_ours(st, th)
+        key, n_s = stratum_keys(st)
+        ours, ours_reads, windows = run_ours(st, th, keys=(key, n_s))
         naive, naive_reads = run_naive(st, th)
         ours[aborted] = ROLLBACK
         naive[aborted] = ROLLBACK
-        key, n_s = stratum_keys(st)
         truth = np.full((seeds, n_s), np.nan)
         bucket = np.zeros((seeds, n_s), dtype=int)
         for s in range(n_s):
