@@ -280,8 +280,7 @@ class Scheduler:
                 self.decoder.add(req.request_id, list(req.prompt_ids), req.max_tokens)
             except Exception as exc:
                 log.error("prefill failed for %s: %s", req.request_id, exc)
-                self._emit(req, ErrorEvent(f"prefill failed: {exc}"))
-                self._finish(req, "abort", time.monotonic(), emit=False)
+                self._abort(req, f"prefill failed: {exc}", time.monotonic())
                 continue
             self.metrics.observe_prompt(len(req.prompt_ids))
             with self._cond:
@@ -303,8 +302,7 @@ class Scheduler:
                 failed = list(self._running.values())
             for req in failed:
                 self._drop(req)
-                self._emit(req, ErrorEvent(f"decode step failed: {exc}"))
-                self._finish(req, "abort", time.monotonic(), emit=False)
+                self._abort(req, f"decode step failed: {exc}", time.monotonic())
             return
         now = time.monotonic()
         step_seconds = now - t0
@@ -333,8 +331,7 @@ class Scheduler:
             if seq_id not in outputs and req.finish_reason is None and not req.cancelled:
                 log.error("decoder returned no output for %s; aborting it", seq_id)
                 self._drop(req)
-                self._emit(req, ErrorEvent("decoder lost the sequence"))
-                self._finish(req, "abort", now, emit=False)
+                self._abort(req, "decoder lost the sequence", now)
         with self._cond:
             self._publish_load()
 
@@ -381,8 +378,13 @@ class Scheduler:
         abort. Its time to first token was observed only if a token reached it before."""
         log.warning("request %s failed in the decoder: %s", req.request_id, message)
         self._drop(req)
-        self._emit(req, ErrorEvent(message))
+        self._abort(req, message, now)
+
+    def _abort(self, req: GenerationRequest, message: str, now: float) -> None:
+        """End a request as an engine error: counted (finished_reason abort) before its client
+        is told, so that a client which saw the error and then scrapes /metrics finds it."""
         self._finish(req, "abort", now, emit=False)
+        self._emit(req, ErrorEvent(message))
 
     def _drop(self, req: GenerationRequest) -> None:
         with self._cond:
