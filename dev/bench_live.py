@@ -439,6 +439,7 @@ def check_against_live_code(th: Thresholds, rng: np.random.Generator, seeds: int
         curves = Curves(cfg)
         st = make_live_streams(sc, curves, seeds, rng)
         outcome, reads, _ = run_ours(st, th)
+        lean = (outcome == INCONCLUSIVE) & latency_leans(st, *stratum_keys(st))
         for s, strata in enumerate(seed_strata(st)):
             live = LiveComparison(th, strata, freeze=FREEZE)
 
@@ -455,6 +456,9 @@ def check_against_live_code(th: Thresholds, rng: np.random.Generator, seeds: int
                     raise AssertionError(f"vectorised live benchmark disagrees with LiveComparison at seed {s}, "
                                          f"stratum {r.index}: {r.outcome} after {r.pairs} pairs, vectorised "
                                          f"{outcome[s, r.index]} after {reads[s, r.index]}")
+                if r.leaning != bool(lean[s, r.index]):
+                    raise AssertionError(f"vectorised live benchmark disagrees with LiveComparison at seed {s}, "
+                                         f"stratum {r.index}: leaning {r.leaning}, vectorised {lean[s, r.index]}")
 
 
 # --- the safety abort: the operator's rule ------------------------------------------------------
@@ -664,25 +668,46 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
         sel = visited
         u.log_ratio.append(truth[sel])
         u.scenario.extend([(sc.schedule, sc.router, sc.noise.name)] * int(sel.sum()))
-        for name, out, rd in (("ours", ours, ours_reads), ("naive_running_batch", naive_at, naive_reads_at)):
+        lean = (ours == INCONCLUSIVE) & latency_leans(st, key, n_s)
+        for name, out, rd, ln in (("ours", ours, ours_reads, lean),
+                                  ("naive_running_batch", naive_at, naive_reads_at, None)):
             u.outcome[name].append(out[sel])
             u.reads[name].append(rd[sel])
-            u.policy[name].append(_policy(out, visited, truth, th))
+            u.policy[name].append(_policy(out, visited, truth, th, ln))
         u.policy_router.extend([sc.router] * seeds)
         u.aborted_router.extend([(sc.router, int(c)) for c in abort_codes])
     return u
 
 
-def _policy(out: np.ndarray, visited: np.ndarray, truth: np.ndarray, th: Thresholds) -> np.ndarray:
-    """Per seed: (an enabled stratum does not deserve it, the enabled run is the deserving run)."""
+def latency_leans(st: LiveStreams, key: np.ndarray, n_s: int) -> np.ndarray:
+    """Per (seed, stratum): the canary's mean log per-token latency ratio over the stratum's paired
+    windows is below 0 (the sign of the operator's latency estimate, ``leans_to_canary``)."""
+    c, k = st.control.lat, st.canary.lat
+    keep = np.isfinite(c) & np.isfinite(k) & (c > 0) & (k > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(keep, np.log(np.where(keep, k, 1.0)) - np.log(np.where(keep, c, 1.0)), 0.0)
+    out = np.zeros((key.shape[0], n_s), dtype=bool)
+    for s in range(n_s):
+        m = keep & (key == s)
+        out[:, s] = (m.sum(1) > 0) & (np.where(m, d, 0.0).sum(1) < 0)
+    return out
+
+
+def _policy(out: np.ndarray, visited: np.ndarray, truth: np.ndarray, th: Thresholds,
+            leaning: np.ndarray | None = None) -> np.ndarray:
+    """Per seed: (a stratum lookahead is enabled at does not deserve it, the enabled region's top is
+    the deserving run's). Enabled: every visited stratum up to the top of the run (lookahead is on
+    from batch 1 up), those ``read_run`` passed over below it included."""
     code = {PROMOTE: StratumOutcome.WINS, ROLLBACK: StratumOutcome.NO_GAIN, INCONCLUSIVE: StratumOutcome.PENDING}
     good = deserves(np.nan_to_num(truth), th)
     res = np.zeros((out.shape[0], 2), dtype=bool)
     for s in range(out.shape[0]):
-        run, _ = read_run([code[int(x)] for x in out[s]], list(visited[s]))
+        lean = None if leaning is None else list(leaning[s])
+        run, _ = read_run([code[int(x)] for x in out[s]], list(visited[s]), lean)
         true_run, _ = read_run([StratumOutcome.WINS if g and v else StratumOutcome.NO_GAIN
                                 for g, v in zip(good[s], visited[s])], list(visited[s]))
-        res[s] = (any(not good[s, i] for i in run), run == true_run)
+        on = [i for i in range(run[-1] + 1) if visited[s, i]] if run else []
+        res[s] = (any(not good[s, i] for i in on), (run[-1:] == true_run[-1:]))
     return res
 
 

@@ -588,7 +588,9 @@ def check_live_decision(policy: Mapping, spec, what: str) -> list[str]:
     """Live mode's promotion needs, in ``status.live``, a run of ``Wins`` strata (each over at least
     ``load.minSamplesPerStep`` windows, as many paired) from the lowest stratum the traffic visited, and lookahead on
     no further than the control's mean running batch (rounded up) in the busiest of them: a
-    promotion is never backed by a Pending stratum or by load it was not measured at."""
+    promotion is never backed by a Pending stratum or by load it was not measured at. A Pending
+    stratum below the run is passed over only where its latency estimate favours the canary (a lower
+    load than a measured Win, as one the traffic never reached is)."""
     status = policy.get("status") or {}
     decision = status.get("decision") or {}
     need = spec.load.min_samples_per_step
@@ -596,13 +598,20 @@ def check_live_decision(policy: Mapping, spec, what: str) -> list[str]:
               if int(s.get("windows") or 0) >= need and int(s.get("pairs") or 0) >= need]
     if not strata:
         return [f"{what} without a live stratum of {need} windows or more"]
+    strata.sort(key=lambda s: float(s.get("offeredLow") or 0))
+    change = lambda s: s.get("latencyChange")  # noqa: E731
+    lowest = strata[0]
+    while strata and strata[0].get("outcome") == "Pending" and change(strata[0]) is not None \
+            and float(change(strata[0])) < 0:
+        strata.pop(0)
     run = []
-    for s in sorted(strata, key=lambda s: float(s.get("offeredLow") or 0)):
+    for s in strata:
         if s.get("outcome") != "Wins":
             break
         run.append(s)
     if not run:
-        return [f"{what} though the lowest live stratum visited is {strata[0].get('outcome')}, not Wins"]
+        return [f"{what} though the lowest live stratum visited is {lowest.get('outcome')} and no run of Wins "
+                f"follows it"]
     busiest = max(float(s.get("controlRunning") or 0) for s in run)
     on = [int(r.get("end")) for r in decision.get("regime") or [] if r.get("enabled")]
     if not on:

@@ -52,6 +52,7 @@ from lookahead_operator.measurement.stats.live import (
     LiveWindow,
     Strata,
     StratumOutcome,
+    leans_to_canary,
     read_run,
 )
 
@@ -174,6 +175,10 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     (both arms served tokens in the window: at a low load an arm of one pod idles in many windows).
     A stratum with the windows but not the pairs could never be answered: below the lowest visited
     stratum it is read as unmeasured, as a load the traffic did not reach is (the reason names it).
+    So is a visited stratum still Pending at the deadline whose latency estimate favours the canary,
+    below the lowest settled one (``read_run``: a load below a measured Win is covered by it, since
+    lookahead's gain only shrinks as load rises); it stays Pending, never a Win, and the reason
+    names it.
 
     * no run of Wins from the lowest visited stratum and a visited stratum loses (NoGain or
       Regresses): **Rollback**, lookahead measured not to pay at a load the fleet carries (also when
@@ -191,7 +196,8 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     minimum = spec.load.min_samples_per_step
     outcomes = [_OUTCOME.get(s.outcome, StratumOutcome.PENDING) for s in strata]
     visited = [s.windows >= minimum and s.pairs >= minimum for s in strata]
-    run, cross = read_run(outcomes, visited)
+    leaning = [leans_to_canary(o, s.latency_change) for o, s in zip(outcomes, strata)]
+    run, cross = read_run(outcomes, visited, leaning)
     table = "; ".join(_row_words(s) for s in strata if s.windows) or "no window of live traffic"
     evidence = {"live": live.to_dict() if live is not None else None, "minWindows": minimum,
                 "maxBatchSize": max_batch_size}
@@ -209,8 +215,9 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
                f"the lowest stratum the traffic visited has no answer ({_row_words(strata[first])})")
         return Decision(action=DecisionAction.Inconclusive, reason=f"live: {why} by the analysis deadline; "
                                                                    f"lookahead stays off ({table})", evidence=evidence)
-    unanswered = [_row_words(strata[i]) for i in range(first) if strata[i].windows >= minimum]
-    below = (f"; below it {'; '.join(unanswered)}: too few paired windows to answer, read as unmeasured"
+    unanswered = [_row_words(strata[i]) for i in range(run[0]) if strata[i].windows >= minimum]
+    below = (f"; below it {'; '.join(unanswered)}: too few windows to answer (leaning lookahead's way where "
+             f"measured), read as unmeasured: a lower load is covered by the win above it"
              if unanswered else "")
     top = max_batch_size or DEFAULT_MAX_BATCH_SIZE
     busiest = max((strata[i].control_running or 0.0) for i in run)

@@ -230,8 +230,15 @@ class StratumResult:
 
     @property
     def visited(self) -> bool:
-        """At least min_samples windows fell here (decided by the offered load alone)."""
-        return self.windows >= self.min_samples
+        """At least min_samples windows fell here and as many were paired (both arms served in
+        them): decided by the offered load and the arms' routing, never by their outcomes."""
+        return self.windows >= self.min_samples and self.pairs >= self.min_samples
+
+    @property
+    def leaning(self) -> bool:
+        """Pending, with the canary's per-token latency estimate below the control's (``read_run``
+        passes over such a stratum below the run)."""
+        return leans_to_canary(self.outcome, self.latency.estimate)
 
     def to_dict(self) -> dict:
         return {
@@ -303,13 +310,28 @@ def live_thresholds(thresholds: Thresholds, n_strata: int) -> Thresholds:
     return thresholds.for_family(max(1, int(n_strata)), LIVE_METRICS_PER_STRATUM)
 
 
-def read_run(outcomes: Sequence[StratumOutcome], visited: Sequence[bool]) -> tuple[tuple[int, ...], int | None]:
+def leans_to_canary(outcome: StratumOutcome, latency_change: float | None) -> bool:
+    """A Pending stratum whose per-token latency estimate (canary vs control, relative) is below 0."""
+    return (outcome is StratumOutcome.PENDING and latency_change is not None and math.isfinite(latency_change)
+            and latency_change < 0)
+
+
+def read_run(outcomes: Sequence[StratumOutcome], visited: Sequence[bool],
+             leaning: Sequence[bool] | None = None) -> tuple[tuple[int, ...], int | None]:
     """(the run of Wins from the lowest visited stratum, the stratum that ends it with a loss or None).
 
     Unvisited strata below the first visited one are skipped; after it, the run ends at the first
     stratum that is not a Win (an unvisited stratum there is Pending: it ends the run, with no
-    crossover). No visited stratum: nothing enabled, no crossover."""
-    start = next((i for i, v in enumerate(visited) if v), None)
+    crossover). No visited stratum: nothing enabled, no crossover.
+
+    ``leaning`` (per stratum, ``leans_to_canary``): a visited stratum still Pending whose latency
+    estimate favours the canary is passed over, below the first settled one, as an unvisited one
+    is. Lookahead's gain only shrinks as load rises, and it is enabled from batch 1 up, so a load
+    below a measured Win is covered by that Win whether the traffic never went there or went there
+    too briefly to answer; a Pending stratum leaning the other way still ends the run before it
+    starts (Inconclusive). Such a stratum stays Pending: never counted as a Win."""
+    lean = list(leaning) if leaning is not None else [False] * len(outcomes)
+    start = next((i for i, v in enumerate(visited) if v and not lean[i]), None)
     if start is None:
         return (), None
     run = []
@@ -408,7 +430,7 @@ class LiveComparison:
                 control_running=mean(s.running["control"]), canary_running=mean(s.running["canary"]),
                 requests=(s.requests[0], s.requests[1]), errors=(s.errors[0], s.errors[1]), vetoes=vetoes,
                 min_samples=self.thresholds.min_samples))
-        run, cross = read_run([r.outcome for r in rows], [r.visited for r in rows])
+        run, cross = read_run([r.outcome for r in rows], [r.visited for r in rows], [r.leaning for r in rows])
         enabled_below = rows[run[-1]].high if run else None
         crossover = None
         if cross is not None:

@@ -179,9 +179,11 @@ def test_a_loss_at_the_fleets_load_rolls_back():
 
 
 def _table_decision(*rows):
-    """decision() on a status.live table of (windows, outcome) rows, one per doubling of load."""
+    """decision() on a status.live table of (windows, outcome[, pairs[, latency change]]) rows, one
+    per doubling of load (latency +20% unless given)."""
     strata = [LiveStratum(index=i, offered_low=2.0 ** i, offered_high=2.0 ** (i + 1), windows=row[0], outcome=row[1],
-                          pairs=row[2] if len(row) > 2 else row[0], latency_change=0.2, control_running=1.0 + i)
+                          pairs=row[2] if len(row) > 2 else row[0], latency_change=row[3] if len(row) > 3 else 0.2,
+                          control_running=1.0 + i)
               for i, row in enumerate(rows)]
     return live_measure.decision(SPEC, LookaheadPolicyStatus(live=LiveStatus(strata=strata)), max_batch_size=32)
 
@@ -209,12 +211,38 @@ def test_a_low_load_whose_windows_are_too_rarely_paired_to_answer_is_read_as_unm
     d = _table_decision((enough + 4, "Pending", 3), (5 * enough, "Wins"), (7 * enough, "Wins"))
     assert d.action == DecisionAction.PromoteRegimeAware, d.reason
     assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 3, True), (4, 32, False)]
-    assert "too few paired windows to answer" in d.reason and "(3 paired)" in d.reason
-    # paired enough, still Pending at the deadline: an answer is missing, nothing is promoted
+    assert "too few windows to answer" in d.reason and "(3 paired)" in d.reason
+    # paired enough, still Pending at the deadline, its estimate against the canary: an answer is
+    # missing, nothing is promoted
     assert _table_decision((enough + 4, "Pending"), (5 * enough, "Wins")).action == DecisionAction.Inconclusive
     # no stratum with enough pairs anywhere: Inconclusive, never a win
     d = _table_decision((3 * enough, "Pending", enough - 1))
     assert d.action == DecisionAction.Inconclusive and "paired windows" in d.reason
+
+
+def test_a_brief_lower_load_leaning_the_canarys_way_below_a_win_is_read_as_unmeasured():
+    # runs of the win e2e: the lowest load the traffic dipped to got 13 windows (11 paired) at
+    # -53% latency, too few to settle at the family split, while the two strata above won
+    enough = SPEC.load.min_samples_per_step
+    rows = ((enough + 3, "Pending", enough + 1, -0.53), (5 * enough, "Wins"), (7 * enough, "Wins"))
+    d = _table_decision(*rows)
+    assert d.action == DecisionAction.PromoteRegimeAware, d.reason
+    assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 3, True), (4, 32, False)]
+    assert "Pending latency -53.0%" in d.reason and "covered by the win above it" in d.reason
+    # the same stratum leaning against the canary (or with no estimate): Inconclusive, as before
+    for change in (0.05, None):
+        d = _table_decision((enough + 3, "Pending", enough + 1, change), *rows[1:])
+        assert d.action == DecisionAction.Inconclusive, d.reason
+    # leaning the canary's way, with a loss and no Win above it: still a measured loss
+    d = _table_decision(rows[0], (5 * enough, "NoGain"))
+    assert d.action == DecisionAction.Rollback
+    # leaning its way with nothing settled above: no answer
+    d = _table_decision(rows[0], (5 * enough, "Pending", 5 * enough, -0.1))
+    assert d.action == DecisionAction.Inconclusive
+    # a Pending stratum between two Wins still ends the run (only below the run is it passed over)
+    d = _table_decision((5 * enough, "Wins"), rows[0], (5 * enough, "Wins"))
+    assert d.action == DecisionAction.PromoteRegimeAware
+    assert [(r.start, r.end, r.enabled) for r in d.regime] == [(1, 1, True), (2, 32, False)]
 
 
 def test_edges_put_the_fleets_load_in_the_middle_of_a_stratum_one_per_doubling():

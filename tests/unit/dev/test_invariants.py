@@ -350,9 +350,11 @@ def live_policy(strata, regime_end=2):
     body = policy_body("Promoting", {**REGIME, "regime": [{"start": 1, "end": regime_end, "enabled": True},
                                                           {"start": regime_end + 1, "end": 64, "enabled": False}]},
                        **{"load.mode": "live", "load.livePercent": "10%"})
-    # rows: (offered low, windows, outcome, control's running batch[, paired windows: all by default])
+    # rows: (offered low, windows, outcome, control's running batch[, paired windows: all by default
+    # [, latency change: +10% by default]])
     body["status"]["live"] = {"strata": [{"offeredLow": row[0], "windows": row[1], "outcome": row[2],
-                                          "controlRunning": row[3], "pairs": row[4] if len(row) > 4 else row[1]}
+                                          "controlRunning": row[3], "pairs": row[4] if len(row) > 4 else row[1],
+                                          "latencyChange": row[5] if len(row) > 5 else 0.1}
                                          for row in strata]}
     return body
 
@@ -369,6 +371,9 @@ def test_a_live_promotion_needs_a_run_of_won_strata_from_the_bottom_and_no_more_
     # a low load with the windows but too few paired ones could not be answered: not visited
     assert inv.check_decision(live_policy([(0.0, 15, "Pending", 0.5, 3), (1.0, 20, "Wins", 1.6)])) == []
     assert inv.check_decision(live_policy([(0.0, 15, "Pending", 0.5), (1.0, 20, "Wins", 1.6)]))
+    # paired, Pending, leaning the canary's way below the run: passed over as unmeasured
+    assert inv.check_decision(live_policy([(0.0, 15, "Pending", 0.5, 15, -0.4), (1.0, 20, "Wins", 1.6)])) == []
+    assert inv.check_decision(live_policy([(0.0, 15, "Pending", 0.5, 15, -0.4), (1.0, 20, "NoGain", 1.6)]))
 
 
 def test_regime_aware_needs_wins_inside_its_range_and_strictly_a_settled_verdict_above():

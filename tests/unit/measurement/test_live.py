@@ -129,6 +129,12 @@ def test_the_run_starts_at_the_lowest_visited_stratum_and_pending_ends_it_withou
     assert read_run([N, W], [True, True]) == ((), 0)
     assert read_run([W, W], [True, True]) == ((0, 1), None)
     assert read_run([P, P], [False, False]) == ((), None)
+    # a Pending stratum leaning the canary's way is passed over below the run, not inside it
+    assert read_run([P, W, W], [True, True, True], [True, False, False]) == ((1, 2), None)
+    assert read_run([P, W, W], [True, True, True], [False, False, False]) == ((), None)
+    assert read_run([W, P, W], [True, True, True], [False, True, False]) == ((0,), None)
+    assert read_run([P, P, N], [True, True, True], [True, True, False]) == ((), 2)
+    assert read_run([P], [True], [True]) == ((), None)
 
 
 def test_pairs_form_by_window_so_drift_common_to_both_arms_cancels():
