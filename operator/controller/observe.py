@@ -157,8 +157,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     policy = (meta["namespace"], meta["name"])
     # Prometheus is queried in these phases, with the Secrets analysis.prometheus names read now (an
     # edited Secret is picked up); one that cannot be read is a read error, like an unreachable Prometheus
+    awaiting_live = (need is Need.DECISION and spec.load.mode == LoadMode.live and spec.promotion.require_approval)
     access = (prometheus_access(k, meta["namespace"], spec)
-              if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD, Need.LIVE) else None)
+              if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD, Need.LIVE) or awaiting_live else None)
     try:
         if need is Need.PREFLIGHT:
             world.preflight = measure.read_preflight(spec, world.targets, access=access)
@@ -174,6 +175,11 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
             decide = live_measure.decision if spec.load.mode == LoadMode.live else measure.decision
             world.decision = with_promoted_config(decide(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
+            if awaiting_live:
+                # the arms serve users while a decision waits for approval: their abort windows too
+                play = sm.in_play(world)
+                world.live = live_measure.measure(spec, policy, status, now, [t.key for t in play],
+                                                  sum(t.replicas for t in play), access=access)
         elif need is Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides,
                                         access=access)

@@ -4,9 +4,11 @@ stop without touching the fleet, or roll back."""
 from __future__ import annotations
 
 from lookahead_operator.controller.statemachine.cleanup import _stop
-from lookahead_operator.controller.statemachine.clocks import _new_load_run, _reset_guard_legs
+from lookahead_operator.controller.statemachine.clocks import _new_load_run, _reset_guard_legs, _seconds
 from lookahead_operator.controller.statemachine.context import C, PassContext
+from lookahead_operator.controller.statemachine.live import _aborted
 from lookahead_operator.controller.world import ActionKind
+from lookahead_operator.api.spec import LoadMode
 from lookahead_operator.api.status import DecisionAction, Phase
 
 
@@ -34,9 +36,14 @@ def _deciding(ctx: PassContext) -> None:
             return
         approved = world.approved_decision == d.id
         if spec.promotion.require_approval and not approved:
+            live = spec.load.mode == LoadMode.live
+            # live mode: canary and control still serve their share of the users while the decision
+            # waits, so the safety abort goes on, every abort.checkInterval (observe reads the arms)
+            if live and _aborted(ctx):
+                return
             ctx.fact(C.Approved, False, "AwaitingApproval",
                      f"decision {action}: run `kubectl lookahead approve {world.name} -n {world.namespace}` to promote")
-            ctx.wait(None)
+            ctx.wait(_seconds(spec.analysis.abort.check_interval) if live else None)
             return
         ctx.fact(C.Approved, True, "Approved" if approved else "NotRequired", "promotion may go on")
         ctx.progress.wave, ctx.progress.wave_started_at = 0, world.now

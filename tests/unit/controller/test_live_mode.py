@@ -289,3 +289,25 @@ def test_arm_replicas_are_the_splits_in_live_mode_and_canary_replicas_otherwise(
     assert livesplit.arm_replicas(SPEC, status) == 3
     sweep = example_spec()
     assert livesplit.arm_replicas(sweep, status) == sweep.canary.replicas
+
+
+def test_a_decision_awaiting_approval_keeps_the_safety_abort_on_the_arms_that_still_serve_users():
+    spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%", "promotion.requireApproval": True})
+    w = to_live_measuring(live_world(spec=spec, fingerprint=spec.fingerprint()))
+    m = LiveMeasurement(windows=30, results=results(0.6), canary_recent=healthy(), control_recent=healthy())
+    _, w = run(replace(at(w, spec.load.step_duration.total_seconds() + 1), live=m), live=None)
+    assert w.status.phase == Phase.Deciding
+    d = live_measure.decision(spec, w.status, max_batch_size=32)
+    assert d.action == DecisionAction.PromoteRegimeAware
+    # healthy: it waits for approval, looking again every abort.checkInterval (not only on an event)
+    plan, w = run(replace(w, decision=d, live=m), live=None)
+    assert w.status.phase == Phase.Deciding
+    assert cond(w.status, ConditionType.Approved).reason == "AwaitingApproval"
+    assert plan.requeue_after == spec.analysis.abort.check_interval.total_seconds()
+    # the canary starts failing users' requests while the decision waits: aborted, nothing promoted
+    failing = ArmWindow(per_token_latency=0.02, token_rate=50.0, ttft=0.1, requests=6, errors=4)
+    bad = replace(m, canary_recent=failing)
+    plan, w = run(replace(w, decision=d, live=bad), live=None)
+    assert w.status.phase == Phase.RolledBack
+    assert cond(w.status, ConditionType.CanaryHealthy).reason == "CanaryErrorRate"
+    assert K.DELETE_ROLES in kinds(plan) and K.PROMOTE not in kinds(plan)
