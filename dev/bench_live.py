@@ -697,7 +697,9 @@ def _policy(out: np.ndarray, visited: np.ndarray, truth: np.ndarray, th: Thresho
             leaning: np.ndarray | None = None) -> np.ndarray:
     """Per seed: (a stratum lookahead is enabled at does not deserve it, the enabled region's top is
     the deserving run's). Enabled: every visited stratum up to the top of the run (lookahead is on
-    from batch 1 up), those ``read_run`` passed over below it included."""
+    from batch 1 up), those ``read_run`` passed over below it included. Strata the traffic did not
+    visit have no truth (an empty one's is 0 here) and are not counted: the operator's cap comes
+    from the control's running batch in visited strata only."""
     code = {PROMOTE: StratumOutcome.WINS, ROLLBACK: StratumOutcome.NO_GAIN, INCONCLUSIVE: StratumOutcome.PENDING}
     good = deserves(np.nan_to_num(truth), th)
     res = np.zeros((out.shape[0], 2), dtype=bool)
@@ -707,7 +709,7 @@ def _policy(out: np.ndarray, visited: np.ndarray, truth: np.ndarray, th: Thresho
         true_run, _ = read_run([StratumOutcome.WINS if g and v else StratumOutcome.NO_GAIN
                                 for g, v in zip(good[s], visited[s])], list(visited[s]))
         on = [i for i in range(run[-1] + 1) if visited[s, i]] if run else []
-        res[s] = (any(not good[s, i] for i in on), (run[-1:] == true_run[-1:]))
+        res[s] = (any(not good[s, i] for i in on), on[-1:] == list(true_run[-1:]))
     return res
 
 
