@@ -176,10 +176,8 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
             world.decision = with_promoted_config(decide(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
             if awaiting_live:
-                # the arms serve users while a decision waits for approval: their abort windows too
-                play = sm.in_play(world)
-                world.live = live_measure.measure(spec, policy, status, now, [t.key for t in play],
-                                                  sum(t.replicas for t in play), access=access)
+                # the arms serve users while a decision waits for approval: the abort's reading too
+                world.live = live_measure.abort_reading(spec, policy, status, now, access=access)
         elif need is Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides,
                                         access=access)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 from lookahead_operator.api.metric_names import MetricNames, metric_names
 from lookahead_operator.api.spec import LookaheadPolicySpec
@@ -52,6 +52,7 @@ from lookahead_operator.measurement.stats.live import (
     LiveWindow,
     Strata,
     StratumOutcome,
+    is_visited,
     leans_to_canary,
     read_run,
 )
@@ -115,38 +116,90 @@ def recent(prom, names: MetricNames, labels: dict[str, str], windows: Sequence[p
                       served=int(round(sum((finished or {}).values()))))
 
 
+class _Span(NamedTuple):
+    """What every live read starts from: the client, the engine's metric names, each arm's labels,
+    when the arms began to serve and how far both are scraped, and the whole windows in between."""
+
+    prom: Any
+    names: MetricNames
+    arms: dict[str, dict[str, str]]
+    start: float     # the arms serve from here (progress.measuringSince)
+    end: float       # both arms scraped up to here
+    interval: float  # analysis.sampleInterval
+    t0: float        # the first window's start: one window after start (pods fill, endpoints settle)
+    n: int           # whole windows in [t0, end]
+
+
+def _span(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
+          access: prometheus.PrometheusAccess | None) -> _Span | None:
+    since = status.progress.measuring_since
+    if since is None:
+        return None
+    prom = prom_client(spec, access)
+    names = metric_names(status_engine(status))
+    arms = {role: role_labels(policy, role) for role in ("control", "canary")}
+    start = since.timestamp()
+    end = scraped_until(prom, names, list(arms.values()), now).timestamp()
+    interval = spec.analysis.sample_interval.total_seconds()
+    t0 = start + interval
+    return _Span(prom, names, arms, start, end, interval, t0, int((end - t0) // interval) if end > t0 else 0)
+
+
+def abort_reading(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
+                  access: prometheus.PrometheusAccess | None = None) -> LiveMeasurement:
+    """The safety abort's reading alone (``_abort_reading``), no comparison: what a live decision
+    waiting for approval reads every ``checkInterval`` (its arms still serve users), so that a long
+    wait does not re-read every window since the arms served."""
+    span = _span(spec, policy, status, now, access)
+    if span is None:
+        return LiveMeasurement(windows=0, note="canary and control are not serving yet")
+    recent_arms = _abort_reading(spec, span)
+    return LiveMeasurement(windows=span.n, canary_recent=recent_arms.get("canary"),
+                           control_recent=recent_arms.get("control"))
+
+
+def _abort_reading(spec: LookaheadPolicySpec, span: _Span) -> dict[str, ArmWindow]:
+    """Each arm over the last ``analysis.abort.window`` (``recent``: its latencies from the whole
+    windows in it, its finished and failed requests over it); none before the arms served 1 s."""
+    if span.end - span.start < 1.0:
+        return {}
+    window = spec.analysis.abort.window.total_seconds()
+    last = min(span.n, max(1, math.ceil(window / span.interval)))
+    bounds = [span.t0 + k * span.interval for k in range(span.n - last, span.n + 1)]
+    a = max(span.start, span.end - window)
+    return {role: recent(span.prom, span.names, labels,
+                         prometheus.prometheus_increments(span.prom, span.names, labels, bounds) if last else [],
+                         a, span.end)
+            for role, labels in span.arms.items()}
+
+
 def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
             targets: Sequence[tuple[str, str]], fleet_pods: int,
             access: prometheus.PrometheusAccess | None = None) -> LiveMeasurement:
-    """This pass's live reading (module docstring). ``targets``: the fleet's Deployments (namespace,
-    name); ``fleet_pods``: how many pods they run (the offered load is per pod)."""
-    p = status.progress
-    since = p.measuring_since
-    if since is None:
+    """This pass's live reading (module docstring): the per-stratum comparison over every whole
+    window since the arms served, and the abort's reading (``abort_reading``). ``targets``: the
+    fleet's Deployments (namespace, name); ``fleet_pods``: how many pods they run (the offered load
+    is per pod)."""
+    span = _span(spec, policy, status, now, access)
+    if span is None:
         return LiveMeasurement(windows=0, note="canary and control are not serving yet")
-    prom = prom_client(spec, access)
-    names = metric_names(status_engine(status))
+    prom, names, n = span.prom, span.names, span.n
+    p = status.progress
     fleet = _fleet_match(targets)
-    start = since.timestamp()
     edges = None
     if p.live_edges is None:
-        rate = _per_pod(prom, names, fleet, fleet_pods, start - PRE_PERIOD_S, start) if names.ttft else None
-        edges = edges_from_rate(None if rate is None else rate * spec.analysis.sample_interval.total_seconds())
-    arms = {role: role_labels(policy, role) for role in ("control", "canary")}
-    end = scraped_until(prom, names, list(arms.values()), now).timestamp()
-    interval = spec.analysis.sample_interval.total_seconds()
-    t0 = start + interval  # the arms' first window: their pods fill up, the Service's endpoints settle
-    n = int((end - t0) // interval) if end > t0 else 0
+        rate = _per_pod(prom, names, fleet, fleet_pods, span.start - PRE_PERIOD_S, span.start) if names.ttft else None
+        edges = edges_from_rate(None if rate is None else rate * span.interval)
     live_edges = edges if edges is not None else tuple(p.live_edges or ())
     comparison = LiveComparison(thresholds(spec), Strata(tuple(live_edges)),
                                 max_ttft_regression=spec.promotion.guard.max_ttft_regression)
-    incs: dict[str, list[prometheus.Increments | None]] = {role: [] for role in arms}
     if n >= 1:
-        bounds = [t0 + k * interval for k in range(n + 1)]
-        incs = {role: prometheus.prometheus_increments(prom, names, labels, bounds) for role, labels in arms.items()}
+        bounds = [span.t0 + k * span.interval for k in range(n + 1)]
+        incs = {role: prometheus.prometheus_increments(prom, names, labels, bounds)
+                for role, labels in span.arms.items()}
         fleet_incs = prometheus.prometheus_increments(prom, names, fleet[0], bounds, regex=fleet[1])
         running = {role: prometheus.gauge_series_means(prom, names.running, labels, bounds) if names.running
-                   else [[]] * n for role, labels in arms.items()}
+                   else [[]] * n for role, labels in span.arms.items()}
         for i in range(n):
             f = prometheus.role_sample(fleet_incs[i], names)
             if f.started is None:
@@ -155,12 +208,9 @@ def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lookahea
                 offered_load=f.started / max(1, fleet_pods),
                 control=arm_window(prometheus.role_sample(incs["control"][i], names), running["control"][i]),
                 canary=arm_window(prometheus.role_sample(incs["canary"][i], names), running["canary"][i])))
-    recent_arms: dict[str, ArmWindow] = {}
-    if end - start >= 1.0:
-        # the abort's window: the last abort.window of windows, and every request since the arms served
-        last = max(1, math.ceil(spec.analysis.abort.window.total_seconds() / interval))
-        a = max(start, end - spec.analysis.abort.window.total_seconds())
-        recent_arms = {role: recent(prom, names, labels, incs[role][-last:], a, end) for role, labels in arms.items()}
+    # the abort's last windows are read once more there (a dozen, beside every window here), so that
+    # the abort has one reader: the one a decision waiting for approval uses alone
+    recent_arms = _abort_reading(spec, span)
     return LiveMeasurement(windows=n, results=comparison.results(), canary_recent=recent_arms.get("canary"),
                            control_recent=recent_arms.get("control"), edges=edges,
                            note="" if n else "no whole window of live traffic yet")
@@ -195,7 +245,7 @@ def decision(spec: LookaheadPolicySpec, status: LookaheadPolicyStatus, max_batch
     strata = list(live.strata or []) if live is not None else []
     minimum = spec.load.min_samples_per_step
     outcomes = [_OUTCOME.get(s.outcome, StratumOutcome.PENDING) for s in strata]
-    visited = [s.windows >= minimum and s.pairs >= minimum for s in strata]
+    visited = [is_visited(s.windows, s.pairs, minimum) for s in strata]
     leaning = [leans_to_canary(o, s.latency_change) for o, s in zip(outcomes, strata)]
     run, cross = read_run(outcomes, visited, leaning)
     table = "; ".join(_row_words(s) for s in strata if s.windows) or "no window of live traffic"
