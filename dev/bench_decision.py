@@ -343,6 +343,15 @@ def _mean_inv_slow(p: float) -> float:
 
 # --- ours -----------------------------------------------------------------------------------
 
+def log_ratios(c: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the pairs PairedComparison keeps for a latency: both finite and positive, log(k / c) there
+    and 0 elsewhere)."""
+    keep = np.isfinite(c) & np.isfinite(k) & (c > 0) & (k > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(keep, np.log(np.where(keep, k, 1.0)) - np.log(np.where(keep, c, 1.0)), 0.0)
+    return keep, d
+
+
 def _paired_goodness(c: np.ndarray, k: np.ndarray, cmp: PairedComparison, lower_is_better: bool,
                      zero_is_stall: bool):
     """Cumulative paired confidence sequences over windows: (n, good_lo, good_hi) per window, with
@@ -360,9 +369,7 @@ def _paired_goodness(c: np.ndarray, k: np.ndarray, cmp: PairedComparison, lower_
         _, lo, hi = paired_ratio_confidence_sequence(n, cs(c0), cs(k0), cs(c0 * c0), cs(k0 * k0), cs(c0 * k0),
                                                      prior=prior, **level)
     else:
-        keep = np.isfinite(c) & np.isfinite(k) & (c > 0) & (k > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            d = np.where(keep, np.log(np.where(keep, k, 1.0)) - np.log(np.where(keep, c, 1.0)), 0.0)
+        keep, d = log_ratios(c, k)
         n = cs(keep).astype(float)
         _, lo, hi = paired_log_confidence_sequence(n, cs(d), cs(d * d), prior=prior, **level)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -682,10 +682,7 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
 def latency_leans(st: LiveStreams, key: np.ndarray, n_s: int) -> np.ndarray:
     """Per (seed, stratum): the canary's mean log per-token latency ratio over the stratum's paired
     windows is below 0 (the sign of the operator's latency estimate, ``leans_to_canary``)."""
-    c, k = st.control.lat, st.canary.lat
-    keep = np.isfinite(c) & np.isfinite(k) & (c > 0) & (k > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d = np.where(keep, np.log(np.where(keep, k, 1.0)) - np.log(np.where(keep, c, 1.0)), 0.0)
+    keep, d = bd.log_ratios(st.control.lat, st.canary.lat)
     out = np.zeros((key.shape[0], n_s), dtype=bool)
     for s in range(n_s):
         m = keep & (key == s)

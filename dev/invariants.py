@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import math
 import logging
@@ -584,6 +585,12 @@ def check_decision(policy: Mapping, strict: bool = True) -> list[str]:
     return out
 
 
+def _leans(stratum: Mapping) -> bool:
+    """A live stratum still Pending whose latency change favours the canary."""
+    change = stratum.get("latencyChange")
+    return stratum.get("outcome") == "Pending" and change is not None and float(change) < 0
+
+
 def check_live_decision(policy: Mapping, spec, what: str) -> list[str]:
     """Live mode's promotion needs, in ``status.live``, a run of ``Wins`` strata (each over at least
     ``load.minSamplesPerStep`` windows, as many paired) from the lowest stratum the traffic visited, and lookahead on
@@ -599,16 +606,8 @@ def check_live_decision(policy: Mapping, spec, what: str) -> list[str]:
     if not strata:
         return [f"{what} without a live stratum of {need} windows or more"]
     strata.sort(key=lambda s: float(s.get("offeredLow") or 0))
-    change = lambda s: s.get("latencyChange")  # noqa: E731
     lowest = strata[0]
-    while strata and strata[0].get("outcome") == "Pending" and change(strata[0]) is not None \
-            and float(change(strata[0])) < 0:
-        strata.pop(0)
-    run = []
-    for s in strata:
-        if s.get("outcome") != "Wins":
-            break
-        run.append(s)
+    run = list(itertools.takewhile(lambda s: s.get("outcome") == "Wins", itertools.dropwhile(_leans, strata)))
     if not run:
         return [f"{what} though the lowest live stratum visited is {lowest.get('outcome')} and no run of Wins "
                 f"follows it"]

@@ -65,8 +65,8 @@ Added for issue 11 (docs/statistics.md has the reasoning and the Monte-Carlo evi
 from lookahead_operator.measurement.stats.comparisons import PairedComparison, SequentialComparison
 from lookahead_operator.measurement.stats.live import (DEFAULT_MAX_TTFT_REGRESSION, LIVE_METRICS_PER_STRATUM,
                                                        ArmWindow, Crossover, LiveComparison, LiveResults, LiveWindow,
-                                                       Strata, StratumOutcome, StratumResult, leans_to_canary,
-                                                       live_thresholds, read_run, stratum_outcome)
+                                                       Strata, StratumOutcome, StratumResult, is_visited,
+                                                       leans_to_canary, live_thresholds, read_run, stratum_outcome)
 from lookahead_operator.measurement.stats.sequences import (PAIRED_EFFECT_PRIOR, log_ratio_confidence_sequence,
                                                             mixture_half_width, paired_log_confidence_sequence,
                                                             paired_ratio_confidence_sequence)
@@ -86,7 +86,7 @@ __all__ = [
     "paired_ratio_confidence_sequence", "paired_log_confidence_sequence", "mixture_half_width",
     "DEFAULT_MAX_TAIL_LATENCY_REGRESSION", "DEFAULT_METRICS_PER_BATCH", "PAIRED_EFFECT_PRIOR",
     "LiveComparison", "LiveWindow", "ArmWindow", "Strata", "StratumOutcome", "StratumResult", "LiveResults",
-    "Crossover", "stratum_outcome", "live_thresholds", "read_run", "leans_to_canary",
+    "Crossover", "stratum_outcome", "live_thresholds", "read_run", "is_visited", "leans_to_canary",
     "LIVE_METRICS_PER_STRATUM",
     "DEFAULT_MAX_TTFT_REGRESSION",
 ]

@@ -230,9 +230,8 @@ class StratumResult:
 
     @property
     def visited(self) -> bool:
-        """At least min_samples windows fell here and as many were paired (both arms served in
-        them): decided by the offered load and the arms' routing, never by their outcomes."""
-        return self.windows >= self.min_samples and self.pairs >= self.min_samples
+        """``is_visited``: decided by the offered load and the arms' routing, never by outcomes."""
+        return is_visited(self.windows, self.pairs, self.min_samples)
 
     @property
     def leaning(self) -> bool:
@@ -308,6 +307,12 @@ def live_thresholds(thresholds: Thresholds, n_strata: int) -> Thresholds:
     """The per-test thresholds of a live comparison over ``n_strata`` strata: the family split over
     strata x ``LIVE_METRICS_PER_STRATUM`` (as ``family_split`` does over batch sizes)."""
     return thresholds.for_family(max(1, int(n_strata)), LIVE_METRICS_PER_STRATUM)
+
+
+def is_visited(windows: int, pairs: int, min_samples: int) -> bool:
+    """A stratum the traffic visited: at least ``min_samples`` windows fell in it and as many were
+    paired (both arms served tokens in them: at a low load an arm of one pod idles in many)."""
+    return windows >= min_samples and pairs >= min_samples
 
 
 def leans_to_canary(outcome: StratumOutcome, latency_change: float | None) -> bool:
