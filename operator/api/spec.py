@@ -993,6 +993,10 @@ ABORT_MIN_RISE = 0.10
 ABORT_TTFT_FLOOR = "maxTtftRegression must be at least 10% (one window's mean is noisier than that)"
 ABORT_TOKEN_FLOOR = "maxTokenLatencyRegression must be at least 10% (one window's mean is noisier than that)"
 ABORT_WINDOW_SAMPLES = "abort.window must be at least sampleInterval (Prometheus has to scrape within it)"
+#: analysis.abort.maxBlind's bounds: longer than one check and a scrape, short enough to protect users.
+ABORT_BLIND_MIN = timedelta(seconds=30)
+ABORT_BLIND_MAX = timedelta(minutes=30)
+ABORT_BLIND_RANGE = "maxBlind must be at least 30s and checkInterval, and at most 30m"
 
 
 class AbortSpec(ApiModel):
@@ -1007,6 +1011,9 @@ class AbortSpec(ApiModel):
       (200% = three times), both arms having served ``minRequests``;
     * its mean per-token latency is above the control's by more than ``maxTokenLatencyRegression``
       (100% = twice), both arms having served ``minRequests``.
+
+    The abort also ends a canary it cannot watch: when it has not seen both arms' metrics (Prometheus
+    unreachable, or not scraping an arm's pods) for ``maxBlind`` while they serve users (AbortBlind).
 
     No confidence interval: these are tripwires for a canary that hurts users, far beyond what the
     decision measures, and they act within seconds. Used by ``load.mode: live``.
@@ -1027,6 +1034,9 @@ class AbortSpec(ApiModel):
              f" || !string(self.maxTokenLatencyRegression).matches(r'{TAIL_PERCENT_PATTERN}')"
              f" || {_pct_cel('self.maxTokenLatencyRegression')} >= {ABORT_MIN_RISE * 100}", ABORT_TOKEN_FLOOR,
              ".maxTokenLatencyRegression"),
+        _cel(f"!{_dur_ok('self.maxBlind')} || !{_dur_ok('self.checkInterval')}"
+             " || (duration(self.maxBlind) >= duration('30s') && duration(self.maxBlind) >= duration(self.checkInterval)"
+             " && duration(self.maxBlind) <= duration('30m'))", ABORT_BLIND_RANGE, ".maxBlind"),
     ]})
 
     check_interval: Duration = Field(
@@ -1055,6 +1065,11 @@ class AbortSpec(ApiModel):
     max_token_latency_regression: RisePercent = Field(
         default="100%", description="Largest rise of the canary's mean per-token latency over the control's: "
                                     "100% = twice; at least 10%.")
+    max_blind: Duration = Field(
+        default="2m", description="Longest time the canary keeps serving users while the abort cannot see both arms "
+                                  "(Prometheus unreachable, or not scraping an arm's pods): past it the canary's share "
+                                  "is removed and the policy ends RolledBack (AbortBlind), the fleet untouched. 30s to "
+                                  "30m, at least checkInterval.")
 
     @model_validator(mode="after")
     def _sane(self) -> "AbortSpec":
@@ -1068,6 +1083,8 @@ class AbortSpec(ApiModel):
             raise ValueError(ABORT_TTFT_FLOOR)
         if self.max_token_latency_regression < ABORT_MIN_RISE - 1e-12:
             raise ValueError(ABORT_TOKEN_FLOOR)
+        if not (max(ABORT_BLIND_MIN, self.check_interval) <= self.max_blind <= ABORT_BLIND_MAX):
+            raise ValueError(ABORT_BLIND_RANGE)
         return self
 
 

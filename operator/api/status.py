@@ -312,6 +312,10 @@ class Progress(StatusModel):
     live_edges: Optional[list[float]] = Field(
         default=None, max_length=16, description="Live mode: the offered-load strata's interior edges (requests per "
                                                  "fleet pod per sampleInterval), fixed before any window is compared.")
+    abort_seen_until: Optional[Timestamp] = Field(
+        default=None, description="Live mode: the safety abort has seen both arms' metrics up to here (Prometheus "
+                                  "had scraped them); past analysis.abort.maxBlind without a newer one the canary's "
+                                  "share is removed (AbortBlind).")
 
 
 class GuardLeg(StatusModel):

@@ -157,7 +157,9 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     policy = (meta["namespace"], meta["name"])
     # Prometheus is queried in these phases, with the Secrets analysis.prometheus names read now (an
     # edited Secret is picked up); one that cannot be read is a read error, like an unreachable Prometheus
-    awaiting_live = (need is Need.DECISION and spec.load.mode == LoadMode.live and spec.promotion.require_approval)
+    # live mode: canary and control serve users in Deciding too (a decision waiting for approval,
+    # or paused there), so the safety abort reads them there
+    awaiting_live = need is Need.DECISION and spec.load.mode == LoadMode.live
     access = (prometheus_access(k, meta["namespace"], spec)
               if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD, Need.LIVE) or awaiting_live else None)
     try:
@@ -176,7 +178,6 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
             world.decision = with_promoted_config(decide(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
             if awaiting_live:
-                # the arms serve users while a decision waits for approval: the abort's reading too
                 world.live = live_measure.abort_reading(spec, policy, status, now, access=access)
         elif need is Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides,

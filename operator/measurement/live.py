@@ -40,7 +40,8 @@ from lookahead_operator.measurement.measure import (
     prom_client,
     finished_by_reason,
     role_labels,
-    scraped_until,
+    last_scraped,
+    until_seen,
     status_engine,
     thresholds,
 )
@@ -125,6 +126,7 @@ class _Span(NamedTuple):
     arms: dict[str, dict[str, str]]
     start: float     # the arms serve from here (progress.measuringSince)
     end: float       # both arms scraped up to here
+    seen: float | None  # ... as Prometheus says (None: an arm has no live series: the abort cannot see it)
     interval: float  # analysis.sampleInterval
     t0: float        # the first window's start: one window after start (pods fill, endpoints settle)
     n: int           # whole windows in [t0, end]
@@ -139,10 +141,11 @@ def _span(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadP
     names = metric_names(status_engine(status))
     arms = {role: role_labels(policy, role) for role in ("control", "canary")}
     start = since.timestamp()
-    end = scraped_until(prom, names, list(arms.values()), now).timestamp()
+    seen = last_scraped(prom, names, list(arms.values()))
+    end = until_seen(seen, now).timestamp()
     interval = spec.analysis.sample_interval.total_seconds()
     t0 = start + interval
-    return _Span(prom, names, arms, start, end, interval, t0, int((end - t0) // interval) if end > t0 else 0)
+    return _Span(prom, names, arms, start, end, seen, interval, t0, int((end - t0) // interval) if end > t0 else 0)
 
 
 def abort_reading(spec: LookaheadPolicySpec, policy: tuple[str, str], status: LookaheadPolicyStatus, now: datetime,
@@ -155,7 +158,11 @@ def abort_reading(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lo
         return LiveMeasurement(windows=0, note="canary and control are not serving yet")
     recent_arms = _abort_reading(spec, span)
     return LiveMeasurement(windows=span.n, canary_recent=recent_arms.get("canary"),
-                           control_recent=recent_arms.get("control"))
+                           control_recent=recent_arms.get("control"), seen_until=_seen(span))
+
+
+def _seen(span: _Span) -> datetime | None:
+    return None if span.seen is None else datetime.fromtimestamp(span.seen, tz=timezone.utc)
 
 
 def _abort_reading(spec: LookaheadPolicySpec, span: _Span) -> dict[str, ArmWindow]:
@@ -212,7 +219,7 @@ def measure(spec: LookaheadPolicySpec, policy: tuple[str, str], status: Lookahea
     # the abort has one reader: the one a decision waiting for approval uses alone
     recent_arms = _abort_reading(spec, span)
     return LiveMeasurement(windows=n, results=comparison.results(), canary_recent=recent_arms.get("canary"),
-                           control_recent=recent_arms.get("control"), edges=edges,
+                           control_recent=recent_arms.get("control"), edges=edges, seen_until=_seen(span),
                            note="" if n else "no whole window of live traffic yet")
 
 

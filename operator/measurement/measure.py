@@ -134,17 +134,28 @@ def tail_design_effect(engine: str, batch_size: int, mean_acceptance_length: flo
     return float(max(1, batch_size)) * max(1.0, mean_acceptance_length or 1.0)
 
 
+def last_scraped(prom, names: MetricNames, label_sets: list[dict[str, str]],
+                 regexes: list[dict[str, str] | None] | None = None) -> float | None:
+    """The newest time Prometheus has scraped every one of the arms up to (its oldest newest sample),
+    or None when one of them has no live series (never scraped, or its pods' targets went down)."""
+    regexes = regexes or [None] * len(label_sets)
+    times = [prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
+             for labels, regex in zip(label_sets, regexes)]
+    if not times or any(t is None for t in times):
+        return None
+    return min(times)
+
+
 def scraped_until(prom, names: MetricNames, label_sets: list[dict[str, str]], end: datetime,
                   regexes: list[dict[str, str] | None] | None = None) -> datetime:
     """``end``, or earlier: a window can only close where Prometheus has scraped every arm
     (``regexes``: each arm's regular-expression matchers, beside its ``label_sets`` entry)."""
-    regexes = regexes or [None] * len(label_sets)
-    times = [prometheus.last_scrape_time(prom, names.generation_tokens, labels, regex)
-             for labels, regex in zip(label_sets, regexes)]
-    known = [t for t in times if t is not None]
-    if len(known) < len(times) or not known:
-        return end
-    return min(end, datetime.fromtimestamp(min(known), tz=timezone.utc))
+    return until_seen(last_scraped(prom, names, label_sets, regexes), end)
+
+
+def until_seen(seen: float | None, end: datetime) -> datetime:
+    """``end``, or ``seen`` (``last_scraped``) where that is earlier; ``end`` when it is unknown."""
+    return end if seen is None else min(end, datetime.fromtimestamp(seen, tz=timezone.utc))
 
 
 def role_labels(policy: tuple[str, str], role: str) -> dict[str, str]:

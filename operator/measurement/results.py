@@ -7,6 +7,7 @@ the same list)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Optional
 
 from lookahead_operator.api.status import BatchResult, DecisionAction, LookaheadPolicyStatus, PreflightStatus
@@ -104,3 +105,4 @@ class LiveMeasurement:
     control_recent: Optional[ArmWindow] = None  # ... and control
     edges: Optional[tuple[float, ...]] = None     # the strata's edges read from the pre-period (first pass only)
     note: str = ""                                # why nothing could be read yet, in words
+    seen_until: Optional[datetime] = None         # Prometheus has scraped both arms up to here (None: not both)

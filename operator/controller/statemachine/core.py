@@ -12,7 +12,7 @@ from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.deciding import _deciding
 from lookahead_operator.controller.statemachine.guarding import _guarding
 from lookahead_operator.controller.statemachine.leaving import _note_user_edits
-from lookahead_operator.controller.statemachine.live import _measuring_live
+from lookahead_operator.controller.statemachine.live import _measuring_live, _watch_paused
 from lookahead_operator.controller.statemachine.measuring import _launching, _measuring
 from lookahead_operator.controller.statemachine.pending import _pending, _preflight
 from lookahead_operator.controller.statemachine.promoting import _promoting
@@ -79,6 +79,7 @@ def reconcile(world: Observed) -> Plan:
         return ctx.plan()
 
     if ctx.phase not in TERMINAL_PHASES and _paused(ctx):
+        _watch_paused(ctx)  # live: the arms still serve users, so the safety abort goes on
         return ctx.plan()
 
     if world.read_errors:
@@ -87,7 +88,8 @@ def reconcile(world: Observed) -> Plan:
                  "; ".join(f"{e.source}: {e.message}" for e in world.read_errors)
                  + f" ({ctx.progress.read_errors} pass(es) in a row; deadlines still apply, nothing is promoted "
                    "without data)")
-    elif need(ctx.phase, spec) not in (None, Need.DECISION):
+    elif need(ctx.phase, spec) not in (None, Need.DECISION) or (need(ctx.phase, spec) is Need.DECISION
+                                                                and spec.load.mode == LoadMode.live):
         ctx.progress.read_errors = None
         ctx.fact(C.MetricsAvailable, True, "Read", "Prometheus answered")
 

@@ -421,9 +421,10 @@ def test_live_defaults():
     assert abort.check_interval == timedelta(seconds=10) and abort.window == timedelta(minutes=1)
     assert abort.max_error_rate_increase == pytest.approx(0.05) and (abort.min_requests, abort.min_errors) == (20, 3)
     assert abort.max_ttft_regression == pytest.approx(2.0) and abort.max_token_latency_regression == pytest.approx(1.0)
+    assert abort.max_blind == timedelta(minutes=2)
     assert spec.to_dict()["analysis"]["abort"] == {
         "checkInterval": "10s", "window": "1m", "maxErrorRateIncrease": "5%", "minRequests": 20, "minErrors": 3,
-        "maxTtftRegression": "200%", "maxTokenLatencyRegression": "100%"}
+        "maxTtftRegression": "200%", "maxTokenLatencyRegression": "100%", "maxBlind": "2m"}
     assert spec.to_dict()["load"]["split"] == "service"
 
 
@@ -438,7 +439,9 @@ def test_live_defaults():
                                                              "armBackend": "Service"}},
     {"analysis.abort": {"checkInterval": "1s", "window": "5s"}},
     {"analysis.abort": {"checkInterval": "1m", "window": "10m", "maxErrorRateIncrease": "100%", "minRequests": 1,
-                        "minErrors": 1, "maxTtftRegression": "10%", "maxTokenLatencyRegression": 1000}},
+                        "minErrors": 1, "maxTtftRegression": "10%", "maxTokenLatencyRegression": 1000,
+                        "maxBlind": "30m"}},
+    {"analysis.abort": {"maxBlind": "30s"}},
 ])
 def test_live_variants_are_accepted_and_round_trip(over):
     spec = LookaheadPolicySpec.model_validate(spec_with(**over))
@@ -513,6 +516,12 @@ def _live_rule_cases():
                           ".maxTtftRegression", s.ABORT_TTFT_FLOOR),
         "abort token latency 9.9%": (spec_with(**{"analysis.abort.maxTokenLatencyRegression": "9.9%"}),
                                      ("analysis", "abort"), ".maxTokenLatencyRegression", s.ABORT_TOKEN_FLOOR),
+        "abort blind 20s": (spec_with(**{"analysis.abort.maxBlind": "20s"}), ("analysis", "abort"), ".maxBlind",
+                            s.ABORT_BLIND_RANGE),
+        "abort blind below check": (spec_with(**{"analysis.abort.checkInterval": "45s", "analysis.abort.maxBlind": "40s"}),
+                                    ("analysis", "abort"), ".maxBlind", s.ABORT_BLIND_RANGE),
+        "abort blind 31m": (spec_with(**{"analysis.abort.maxBlind": "31m"}), ("analysis", "abort"), ".maxBlind",
+                            s.ABORT_BLIND_RANGE),
     }
 
 

@@ -18,8 +18,8 @@ from lookahead_operator.controller.world import Target
 from lookahead_operator.measurement.results import LiveMeasurement
 from lookahead_operator.measurement.stats.live import ArmWindow
 
-from .test_live_mode import healthy, results
-from .test_statemachine import CANDIDATE, T0, cond, example_spec, kinds, run, world
+from .test_live_mode import healthy, results, run
+from .test_statemachine import CANDIDATE, T0, cond, example_spec, kinds, world
 
 GW = {"httpRouteRef": {"name": "chat", "namespace": "serving"}, "backendRef": {"name": "chat", "port": 8000}}
 SPEC = example_spec(**{"load.mode": "live", "load.livePercent": "2.5%", "load.split": "gatewayAPI",
@@ -158,6 +158,14 @@ def test_the_safety_abort_restores_the_route_before_anything_else():
     m = LiveMeasurement(windows=2, results=results(1.0, n=2), canary_recent=failing, control_recent=healthy())
     plan, w = run(replace(at(w, 40), live=m), live=None)
     assert w.status.phase == Phase.RolledBack and w.status.rollback.reason == "CanaryErrorRate"
+    restores_first(plan)
+
+
+def test_a_blind_abort_restores_the_route_before_anything_else():
+    from .test_live_mode import UNREACHABLE
+    w = to_measuring(gw_world())
+    plan, w = run(replace(at(w, 121), live=None, read_errors=UNREACHABLE))
+    assert w.status.phase == Phase.RolledBack and w.status.rollback.reason == "AbortBlind"
     restores_first(plan)
 
 

@@ -13,18 +13,27 @@ from lookahead_operator.api.status import (ConditionType, DecisionAction, LiveSt
 from lookahead_operator.controller import livesplit
 from lookahead_operator.controller import statemachine as sm
 from lookahead_operator.controller.world import ActionKind as K
-from lookahead_operator.controller.world import Target
+from lookahead_operator.controller.world import ReadError, Target
 from lookahead_operator.measurement import live as live_measure
 from lookahead_operator.measurement import measure
 from lookahead_operator.measurement.results import LiveMeasurement
 from lookahead_operator.measurement.stats.live import ArmWindow, LiveComparison, LiveWindow, Strata
 
-from .test_statemachine import CANDIDATE, T0, cond, example_spec, kinds, run, world
+from .test_statemachine import CANDIDATE, T0, cond, example_spec, kinds, world
+from .test_statemachine import run as run_pass
 
 SPEC = example_spec(**{"load.mode": "live", "load.livePercent": "10%"})
 SERVICE = {"metadata": {"name": "chat", "namespace": "serving"}, "spec": {"selector": {"app": "chat"}}}
 FLEET = [Target("serving", "a", "reference", owner="inference/chat-fleet", replicas=10)]
 READY = {"canary": True, "control": True}
+
+
+def run(w, **changes):
+    """A pass whose live reading (if any) is as fresh as the pass: Prometheus had scraped both arms
+    up to now, unless the test's measurement says how far (the abort's blind clock reads it)."""
+    if w.live is not None and w.live.seen_until is None:
+        w = replace(w, live=replace(w.live, seen_until=w.now))
+    return run_pass(w, **changes)
 
 
 def live_world(**kw):
@@ -291,6 +300,91 @@ def test_arm_replicas_are_the_splits_in_live_mode_and_canary_replicas_otherwise(
     assert livesplit.arm_replicas(sweep, status) == sweep.canary.replicas
 
 
+UNREACHABLE = [ReadError("prometheus", "http://prometheus:9090: ConnectionError: refused")]
+
+
+def blind(w, seconds, **kw):
+    """A pass at ``seconds`` where Prometheus could not be read (no live reading, a read error)."""
+    return run_pass(replace(at(w, seconds), live=None, read_errors=UNREACHABLE, **kw))
+
+
+def assert_blind_abort(plan, w, why):
+    assert w.status.phase == Phase.RolledBack and w.status.rollback.reason == "AbortBlind", w.status.message
+    c = cond(w.status, ConditionType.CanaryHealthy)
+    assert c.status == "False" and c.reason == "AbortBlind"
+    assert "analysis.abort.maxBlind is 2m" in c.message and why in c.message, c.message
+    assert K.DELETE_ROLES in kinds(plan) and K.PROMOTE not in kinds(plan) and K.RESTORE not in kinds(plan)
+    assert ("Warning", "AbortBlind") in [(t, r) for t, r, _ in plan.events]
+    assert "the fleet was not touched" in w.status.message
+
+
+def test_a_canary_the_abort_cannot_see_for_max_blind_loses_its_share():
+    w = to_live_measuring(live_world())          # measuring from T0
+    seen = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(), control_recent=healthy())
+    _, w = run(replace(at(w, 30), live=seen), live=None)
+    assert w.status.progress.abort_seen_until == T0 + timedelta(seconds=30)
+    # Prometheus stops answering: up to maxBlind (2m) after what the abort last saw, it measures on
+    for t in (60, 100, 150):
+        plan, w = blind(w, t)
+        assert w.status.phase == Phase.Measuring and K.DELETE_ROLES not in kinds(plan)
+        assert cond(w.status, ConditionType.MetricsAvailable).status == "False"
+    plan, w = blind(w, 151)                      # 121 s since it last saw both arms
+    assert_blind_abort(plan, w, "ConnectionError: refused")
+    assert "121s" in w.status.rollback.message
+
+
+def test_a_reading_within_max_blind_restarts_the_blind_clock():
+    w = to_live_measuring(live_world())
+    m = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(), control_recent=healthy())
+    _, w = blind(w, 110)
+    _, w = run(replace(at(w, 115), live=m), live=None)    # Prometheus is back before 2m
+    assert w.status.progress.abort_seen_until == T0 + timedelta(seconds=115)
+    _, w = blind(w, 230)
+    assert w.status.phase == Phase.Measuring
+    plan, w = blind(w, 236)
+    assert_blind_abort(plan, w, "ConnectionError")
+
+
+@pytest.mark.parametrize("seen_until,why", [
+    (None, "no live series of an arm's pods"),                   # an arm's targets are down
+    (T0 + timedelta(seconds=20), "scraped both arms only up to"),  # Prometheus answers, but stopped scraping
+])
+def test_prometheus_answering_without_fresh_samples_of_both_arms_is_blind_too(seen_until, why):
+    w = to_live_measuring(live_world())
+    m = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(), control_recent=healthy(),
+                        seen_until=seen_until)
+    _, w = run_pass(replace(at(w, 100), live=m), live=None)
+    assert w.status.phase == Phase.Measuring
+    plan, w = run_pass(replace(at(w, 141), live=m), live=None)
+    assert_blind_abort(plan, w, why)
+
+
+def test_paused_live_policies_keep_the_safety_abort():
+    w = to_live_measuring(live_world())
+    paused = SPEC.model_copy(update={"paused": True})
+    m = LiveMeasurement(windows=3, results=results(0.6, n=3), canary_recent=healthy(), control_recent=healthy())
+    plan, w = run(replace(at(w, 30), spec=paused, generation=2, live=m), live=None)
+    assert w.status.phase == Phase.Measuring and cond(w.status, ConditionType.Paused).status == "True"
+    # the pause freezes the measurement, not the tripwire: looked at every checkInterval
+    assert plan.requeue_after == SPEC.analysis.abort.check_interval.total_seconds()
+    failing = ArmWindow(per_token_latency=0.02, token_rate=50.0, ttft=0.1, requests=6, errors=4)
+    plan, w = run(replace(at(w, 40), live=replace(m, canary_recent=failing)), live=None)
+    assert w.status.phase == Phase.RolledBack and w.status.rollback.reason == "CanaryErrorRate"
+    assert K.DELETE_ROLES in kinds(plan)
+    # and blind while paused: the same bound
+    w2 = to_live_measuring(live_world())
+    _, w2 = run(replace(at(w2, 30), spec=paused, generation=2, live=m), live=None)
+    plan, w2 = blind(w2, 151)
+    assert_blind_abort(plan, w2, "ConnectionError")
+
+
+def test_a_sweep_is_never_aborted_for_blindness():
+    from .test_statemachine import to_measuring, world as sweep_world
+    w = to_measuring(sweep_world())
+    plan, w = run_pass(replace(at(w, 1000), read_errors=UNREACHABLE))
+    assert w.status.phase == Phase.Measuring and K.DELETE_ROLES not in kinds(plan)
+
+
 def test_a_decision_awaiting_approval_keeps_the_safety_abort_on_the_arms_that_still_serve_users():
     spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%", "promotion.requireApproval": True})
     w = to_live_measuring(live_world(spec=spec, fingerprint=spec.fingerprint()))
@@ -311,3 +405,18 @@ def test_a_decision_awaiting_approval_keeps_the_safety_abort_on_the_arms_that_st
     assert w.status.phase == Phase.RolledBack
     assert cond(w.status, ConditionType.CanaryHealthy).reason == "CanaryErrorRate"
     assert K.DELETE_ROLES in kinds(plan) and K.PROMOTE not in kinds(plan)
+
+
+def test_a_decision_awaiting_approval_with_prometheus_gone_loses_its_share_after_max_blind():
+    spec = example_spec(**{"load.mode": "live", "load.livePercent": "10%", "promotion.requireApproval": True})
+    w = to_live_measuring(live_world(spec=spec, fingerprint=spec.fingerprint()))
+    m = LiveMeasurement(windows=30, results=results(0.6), canary_recent=healthy(), control_recent=healthy())
+    t = spec.load.step_duration.total_seconds() + 1
+    _, w = run(replace(at(w, t), live=m), live=None)
+    d = live_measure.decision(spec, w.status, max_batch_size=32)
+    plan, w = run(replace(at(w, t + 10), decision=d, live=m), live=None)
+    assert cond(w.status, ConditionType.Approved).reason == "AwaitingApproval"
+    plan, w = blind(w, t + 10 + 120, decision=d)
+    assert w.status.phase == Phase.Deciding
+    plan, w = blind(w, t + 10 + 121, decision=d)
+    assert_blind_abort(plan, w, "ConnectionError")
