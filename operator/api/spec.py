@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Optional
 
 from kubernetes.utils import parse_quantity  # the client's own quantity parser
-from pydantic import AfterValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from lookahead_operator.api.names import DEFAULT_LOAD_LIMITS, DEFAULT_LOAD_REQUESTS, GROUP, LABEL_MANAGED_BY
 from lookahead_operator.api.schema import (
@@ -1088,6 +1088,16 @@ class AbortSpec(ApiModel):
         return self
 
 
+#: analysis.deadline when the policy leaves it out: a sweep drives every load level in turn; live
+#: traffic visits them when its users do (docs/benchmarks/decision.md, "Live streams", measured
+#: what 30m misses there).
+DEFAULT_DEADLINE = timedelta(minutes=30)
+DEFAULT_LIVE_DEADLINE = timedelta(hours=1)
+#: The same as CEL: the deadline a rule compares, written or defaulted.
+_DEADLINE_OF = ("(has(self.analysis.deadline) ? duration(self.analysis.deadline)"
+                " : (has(self.load.mode) && self.load.mode == 'live' ? duration('1h') : duration('30m')))")
+
+
 class AnalysisSpec(ApiModel):
     """The decision rule: per batch size, per-token latency (TPOT) and throughput, canary vs control,
     with anytime-valid confidence intervals at ``confidence``; no data means wait, up to ``deadline``."""
@@ -1105,7 +1115,10 @@ class AnalysisSpec(ApiModel):
                     "(about one bucket step of vLLM's latency buckets; docs/statistics.md says why).")
     confidence: float = Field(default=0.99, gt=0.5, lt=1.0,
                               description="Confidence of the intervals behind each verdict, in (0.5, 1).")
-    deadline: Duration = Field(default="30m", description="Give up (never promote) if undecided by then.")
+    deadline: Optional[Duration] = Field(
+        default=None, description="Give up (never promote) if undecided by then. Default 30m; 1h with load.mode live, "
+                                  "whose traffic visits a load level when its users send it, not when a sweep drives "
+                                  "it (a live measurement still decides as soon as every load it saw has an answer).")
     sample_interval: Duration = Field(
         default="5s", description="Length of one sample window (per-token latency and throughput are read per "
                                   "disjoint window); at least Prometheus' scrape interval.")
@@ -1125,6 +1138,15 @@ class AnalysisSpec(ApiModel):
         _cel(f"!has(self.abort) || !{_dur_ok('self.abort.window')} || !{_dur_ok('self.sampleInterval')}"
              " || duration(self.abort.window) >= duration(self.sampleInterval)", ABORT_WINDOW_SAMPLES, ".abort.window"),
     ]})
+
+    @model_serializer(mode="wrap")
+    def _wire(self, handler):
+        """``deadline`` only where the policy wrote it: a defaulted one depends on the mode, which the
+        apiserver cannot default by, so it stores none (``LookaheadPolicySpec`` fills it in)."""
+        out = handler(self)
+        if "deadline" not in self.model_fields_set:
+            out.pop("deadline", None)
+        return out
 
     @model_validator(mode="after")
     def _winnable(self) -> "AnalysisSpec":
@@ -1219,17 +1241,18 @@ class PromotionSpec(ApiModel):
 # spec
 
 
-_DEADLINE_CEL = (f"!has(self.analysis) || !has(self.load) || !{_dur_ok('self.analysis.deadline')}"
+_DEADLINE_OK = f"(!has(self.analysis.deadline) || {_dur_ok('self.analysis.deadline')})"
+_DEADLINE_CEL = (f"!has(self.analysis) || !has(self.load) || !{_DEADLINE_OK}"
                  f" || !{_dur_ok('self.load.stepDuration')}"
-                 " || duration(self.analysis.deadline) >= duration(self.load.stepDuration)")
+                 f" || {_DEADLINE_OF} >= duration(self.load.stepDuration)")
 _SAMPLES_FIT_CEL = (f"!has(self.load) || !has(self.analysis) || !{_dur_ok('self.load.stepDuration')}"
                     f" || !{_dur_ok('self.load.warmup')} || !{_dur_ok('self.analysis.sampleInterval')}"
                     " || !has(self.load.minSamplesPerStep)"
                     " || (duration(self.load.stepDuration) - duration(self.load.warmup)).getMilliseconds()"
                     " >= self.load.minSamplesPerStep * duration(self.analysis.sampleInterval).getMilliseconds()")
 _SWEEP_FITS_CEL = (f"!has(self.load) || !has(self.analysis) || !has(self.load.batchSizes)"
-                   f" || !{_dur_ok('self.load.stepDuration')} || !{_dur_ok('self.analysis.deadline')}"
-                   " || duration(self.analysis.deadline).getSeconds()"
+                   f" || !{_dur_ok('self.load.stepDuration')} || !{_DEADLINE_OK}"
+                   f" || {_DEADLINE_OF}.getSeconds()"
                    " >= size(self.load.batchSizes) * duration(self.load.stepDuration).getSeconds()")
 
 
@@ -1279,6 +1302,11 @@ class LookaheadPolicySpec(ApiModel):
         if method_engine:
             raise ValueError(method_engine)
         load, analysis = self.load, self.analysis
+        if analysis.deadline is None:
+            # the mode's default: what the operator reads; left out of the wire form as the user left it
+            # out (no default is written back that the apiserver would not have stored: AnalysisSpec._wire)
+            object.__setattr__(analysis, "deadline",
+                               DEFAULT_LIVE_DEADLINE if load.mode == LoadMode.live else DEFAULT_DEADLINE)
         if analysis.deadline < load.step_duration:
             raise ValueError(f"analysis.deadline ({_duration_out(analysis.deadline)}) must be at least "
                              f"load.stepDuration ({_duration_out(load.step_duration)})")

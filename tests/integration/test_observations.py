@@ -171,3 +171,19 @@ def test_window_not_yet_scraped_is_missing(driven, prometheus):
     o = obs.read_window(prometheus.url, M, sel("control"), now - 5, now + 30)
     assert o.output_tokens.state is State.MISSING
     assert "not scraped since the window end" in o.output_tokens.reason
+
+
+def test_the_abort_sees_both_arms_only_while_prometheus_scrapes_both(driven, prometheus):
+    """``measure.last_scraped``, which the live safety abort's blind clock reads: how far a real
+    Prometheus has scraped every arm (the older of the two), and None for an arm it has no live
+    series of (never scraped, or its target gone: the abort cannot see it)."""
+    from lookahead_operator.measurement.measure import last_scraped
+
+    t0 = time.time()
+    for role in ("control", "canary"):
+        obs.wait_scraped(prometheus.url, M, sel(role), after=t0, timeout=60)
+    seen = last_scraped(prometheus.url, M, [sel("control"), sel("canary")])
+    assert seen is not None and t0 <= seen <= time.time() + 1
+    later = [last_scraped(prometheus.url, M, [sel(r)]) for r in ("control", "canary")]
+    assert min(later) >= seen  # the older arm's newest sample (a scrape may have come in since)
+    assert last_scraped(prometheus.url, M, [sel("control"), sel("nobody-scrapes-this-arm")]) is None

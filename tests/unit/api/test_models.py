@@ -414,6 +414,31 @@ POOLS = {"httpRouteRef": {"name": "chat", "namespace": "gateway"}, "ruleName": "
                                                                            "failureMode": "FailOpen"}}}
 
 
+@pytest.mark.parametrize("over,deadline", [
+    ({}, timedelta(minutes=30)),
+    ({"load.mode": "live", "load.livePercent": "10%"}, timedelta(hours=1)),   # live traffic visits loads when users do
+    ({"load.mode": "live", "load.livePercent": "10%", "analysis.deadline": "20m"}, timedelta(minutes=20)),
+    ({"analysis.deadline": "2h"}, timedelta(hours=2)),
+])
+def test_the_deadline_defaults_by_mode_and_stays_out_of_the_wire_form_unless_written(over, deadline):
+    spec = LookaheadPolicySpec.model_validate(spec_with(**over))
+    assert spec.analysis.deadline == deadline
+    wire = spec.to_dict()["analysis"]
+    assert ("deadline" in wire) == ("analysis.deadline" in over)  # as the apiserver stores it: no schema default
+    again = LookaheadPolicySpec.model_validate(spec.to_dict())
+    assert again == spec and again.fingerprint() == spec.fingerprint()
+
+
+@pytest.mark.parametrize("over", [
+    {"load.stepDuration": "40m", "load.batchSizes": [1]},                       # sweep: 30m < 40m
+    {"load.mode": "live", "load.livePercent": "10%", "load.stepDuration": "70m"},  # live: 1h < 70m
+])
+def test_a_defaulted_deadline_is_checked_like_a_written_one(over):
+    with pytest.raises(ValidationError) as err:
+        LookaheadPolicySpec.model_validate(spec_with(**over))
+    assert "analysis.deadline" in spec_error(err.value)
+
+
 def test_live_defaults():
     spec = LookaheadPolicySpec.model_validate(MINIMAL)
     assert spec.load.split == "service" and spec.load.gateway_api is None and spec.load.live_percent is None
