@@ -624,6 +624,7 @@ class Units:
     runs: int = 0
     policy_router: list = field(default_factory=list)
     aborted_router: list = field(default_factory=list)  # (router, ABORT_SIGNALS index: 0 not aborted) per run
+    unit_aborted: list = field(default_factory=list)  # per unit: its run ended at the safety abort
 
 
 def deserves(log_ratio: np.ndarray, th: Thresholds) -> np.ndarray:
@@ -673,6 +674,7 @@ def run_live(seeds: int, th: Thresholds, seed: int = 0, scenarios: list[LiveScen
         sel = visited
         u.log_ratio.append(truth[sel])
         u.scenario.extend([(sc.schedule, sc.router, sc.noise.name)] * int(sel.sum()))
+        u.unit_aborted.append(np.broadcast_to(aborted[:, None], sel.shape)[sel])
         lean = (ours == INCONCLUSIVE) & latency_leans(st, key, n_s)
         for name, out, rd, ln in (("ours", ours, ours_reads, lean),
                                   ("naive_running_batch", naive_at, naive_reads_at, None)):
@@ -735,7 +737,21 @@ def summarise_live(u: Units, th: Thresholds, select: np.ndarray | None = None) -
         }
     out["units"] = {"all": int(sel.sum()), "deserving": int(good.sum()), "regressions": int(reg.sum()),
                     "not_deserving": int(bad.sum())}
+    out["by_abort"] = by_abort(u, good, reg)
     return out
+
+
+def by_abort(u: Units, good: np.ndarray, reg: np.ndarray) -> dict:
+    """Who caught the regressions: units in runs the safety abort ended (rolled back everywhere),
+    and, of the rest, what ``ours``' test answered; and the deserving units the abort ended."""
+    ab = np.concatenate(u.unit_aborted) if u.unit_aborted else np.zeros(good.shape, dtype=bool)
+    o = np.concatenate(u.outcome["ours"])
+    left = reg & ~ab
+    return {"regressions_aborted": int((reg & ab).sum()),
+            "regressions_rolled_back_by_test": int((left & (o == ROLLBACK)).sum()),
+            "regressions_pending": int((left & (o == INCONCLUSIVE)).sum()),
+            "regressions_promoted": int((left & (o == PROMOTE)).sum()),
+            "deserving_aborted": int((good & ab).sum())}
 
 
 def _rates(s: dict) -> dict:
@@ -752,6 +768,7 @@ def live_report(u: Units, th: Thresholds, seeds: int, n_scenarios: int) -> dict:
     out["scenarios"] = n_scenarios
     out["seeds"] = seeds
     out["units"] = summary["units"]
+    out["by_abort"] = summary["by_abort"]
     out["strata_below_min_windows"] = round(u.unvisited / max(u.strata_total, 1), 5)
     ab = np.array([c for r, c in u.aborted_router if r in HEADLINE_ROUTERS], dtype=int)
     out["aborted_runs"] = round(float((ab > 0).mean()) if ab.size else 0.0, 5)

@@ -60,3 +60,11 @@ def test_small_fixed_seed_run_gives_the_five_rates_per_method():
     # ours never promotes a 5% regression here and keeps wrong promotions within the goal
     assert live["ours"]["promoted_regression_rate"] == 0.0
     assert live["ours"]["wrong_promotion_rate"] <= 0.01
+    # who caught the regressions adds up to them, and what the test left is the missed rate
+    b, n_reg = live["by_abort"], live["units"]["regressions"]
+    assert (b["regressions_aborted"] + b["regressions_rolled_back_by_test"] + b["regressions_pending"]
+            + b["regressions_promoted"]) == n_reg
+    if n_reg:
+        missed = (b["regressions_pending"] + b["regressions_promoted"]) / n_reg
+        assert abs(missed - live["ours"]["missed_regression_rate"]) < 1e-4
+    assert 0 <= b["deserving_aborted"] <= live["units"]["deserving"]
