@@ -24,10 +24,12 @@ import copy
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any, Mapping, Optional, Sequence
 
+from lookahead_canary.units import format_duration
 from lookahead_operator.api.names import (
     ANNOTATION_ORIGINAL_BACKEND_REFS,
     GROUP,
@@ -728,11 +730,12 @@ class AbortSignal(StrEnum):
     errors = "errors"
     ttft = "ttft"
     token_latency = "tokenLatency"
+    blind = "blind"
 
 
 #: The condition reason (and Event reason) of each abort.
 ABORT_REASONS = {AbortSignal.errors: "CanaryErrorRate", AbortSignal.ttft: "CanaryTimeToFirstToken",
-                 AbortSignal.token_latency: "CanaryTokenLatency"}
+                 AbortSignal.token_latency: "CanaryTokenLatency", AbortSignal.blind: "AbortBlind"}
 
 
 @dataclass(frozen=True)
@@ -767,6 +770,25 @@ def _ratio_reason(signal: AbortSignal, what: str, field: str, canary: ArmWindow,
     return AbortReason(signal, f"canary {what} {_secs(c)} vs control {_secs(k)} ({ratio:.3g}x) over {canary.served} "
                                f"and {control.served} requests: more than {limit:.3g}x the control's "
                                f"(analysis.abort.{field} {_pct(rise)})", ratio, 1.0, limit)
+
+
+def blind_reason(seen_until: Optional[datetime], serving_since: Optional[datetime], now: datetime,
+                 abort: AbortSpec, why: str) -> Optional[AbortReason]:
+    """Whether the abort has been blind too long: it has not seen both arms' metrics (Prometheus had
+    scraped them up to ``seen_until``) for more than ``maxBlind``, counted from when the arms began
+    to serve (``serving_since``) at the latest. A canary serving users that nobody watches is not
+    left serving, as a failed check counts against a Flagger canary. ``why``: what the abort could
+    not read, in words. None when it saw them recently enough, or nothing serves yet."""
+    seen = [t for t in (seen_until, serving_since) if t is not None]
+    if not seen:
+        return None
+    blind_for = (now - max(seen)).total_seconds()
+    limit = abort.max_blind.total_seconds()
+    if blind_for <= limit:
+        return None
+    return AbortReason(AbortSignal.blind,
+                       f"the safety abort has not seen both arms' metrics for {blind_for:.0f}s "
+                       f"(analysis.abort.maxBlind is {format_duration(limit)}): {why}", blind_for, 0.0, limit)
 
 
 def abort_reason(canary: ArmWindow, control: ArmWindow, abort: AbortSpec) -> Optional[AbortReason]:

@@ -157,16 +157,17 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
     policy = (meta["namespace"], meta["name"])
     # Prometheus is queried in these phases, with the Secrets analysis.prometheus names read now (an
     # edited Secret is picked up); one that cannot be read is a read error, like an unreachable Prometheus
-    # live mode: canary and control serve users in Deciding too (a decision waiting for approval,
-    # or paused there), so the safety abort reads them there
-    awaiting_live = need is Need.DECISION and spec.load.mode == LoadMode.live
-    access = (prometheus_access(k, meta["namespace"], spec)
-              if need in (Need.PREFLIGHT, Need.STEP, Need.GUARD, Need.LIVE) or awaiting_live else None)
+    access = prometheus_access(k, meta["namespace"], spec) if sm.reads_prometheus(status.phase, spec) else None
+    # live arms serving users while nothing is measured (a decision awaiting approval, or paused):
+    # the safety abort's windows alone, not every window since the arms served
+    abort_only = sm.watches_live_arms(status.phase, spec) and (need is Need.DECISION or spec.paused)
     try:
         if need is Need.PREFLIGHT:
             world.preflight = measure.read_preflight(spec, world.targets, access=access)
         elif need is Need.STEP:
             world.step = measure.step(spec, policy, status, now, access=access)
+        elif need is Need.LIVE and abort_only:
+            world.live = live_measure.abort_reading(spec, policy, status, now, access=access)
         elif need is Need.LIVE:
             play = sm.in_play(world)
             world.live = live_measure.measure(spec, policy, status, now, [t.key for t in play],
@@ -177,7 +178,7 @@ def observe(k, body: dict, spec: LookaheadPolicySpec | None, spec_error: str | N
             decide = live_measure.decision if spec.load.mode == LoadMode.live else measure.decision
             world.decision = with_promoted_config(decide(spec, status, max_batch_size=top), spec,
                                                   measure.status_engine(status))
-            if awaiting_live:
+            if abort_only:
                 world.live = live_measure.abort_reading(spec, policy, status, now, access=access)
         elif need is Need.GUARD:
             world.guard = measure.guard(spec, policy, status, now, k.load_jobs(*policy), world.guard_sides,

@@ -43,7 +43,8 @@ from __future__ import annotations
 from lookahead_operator.controller.statemachine.cleanup import deletion_plan
 from lookahead_operator.controller.statemachine.clocks import step_deadline
 from lookahead_operator.controller.statemachine.context import transition_message, without_transition
-from lookahead_operator.controller.statemachine.core import NEEDS, need, reconcile
+from lookahead_operator.controller.statemachine.core import NEEDS, need, reads_prometheus, reconcile
+from lookahead_operator.controller.statemachine.live import watches_live_arms
 from lookahead_operator.controller.statemachine.user_edits import (
     edited_now,
     in_play,
@@ -56,7 +57,7 @@ from lookahead_operator.controller.world import Target
 from lookahead_operator.measurement.results import GuardCheck, PreflightResult, StepMeasurement, guard_batch_sizes
 
 __all__ = [
-    "NEEDS", "need", "GuardCheck", "PreflightResult", "StepMeasurement", "Target", "deletion_plan", "edited_now",
+    "NEEDS", "need", "reads_prometheus", "watches_live_arms", "GuardCheck", "PreflightResult", "StepMeasurement", "Target", "deletion_plan", "edited_now",
     "guard_batch_sizes", "in_play", "left_to_user", "recorded_user_edits", "reconcile", "role_source",
     "step_deadline", "transition_message", "without_transition",
 ]

@@ -12,7 +12,7 @@ from lookahead_operator.controller.statemachine.context import C, PassContext
 from lookahead_operator.controller.statemachine.deciding import _deciding
 from lookahead_operator.controller.statemachine.guarding import _guarding
 from lookahead_operator.controller.statemachine.leaving import _note_user_edits
-from lookahead_operator.controller.statemachine.live import _measuring_live, _watch_paused
+from lookahead_operator.controller.statemachine.live import _measuring_live, _watch_paused, watches_live_arms
 from lookahead_operator.controller.statemachine.measuring import _launching, _measuring
 from lookahead_operator.controller.statemachine.pending import _pending, _preflight
 from lookahead_operator.controller.statemachine.promoting import _promoting
@@ -37,6 +37,13 @@ def need(phase: Phase, spec: LookaheadPolicySpec | None) -> Need | None:
     if phase == Phase.Measuring and spec is not None and spec.load.mode == LoadMode.live:
         return Need.LIVE
     return NEEDS.get(phase)
+
+
+def reads_prometheus(phase: Phase, spec: LookaheadPolicySpec | None) -> bool:
+    """Whether a pass in ``phase`` queries Prometheus: every phase that measures, and the passes
+    where the live safety abort watches the arms (``watches_live_arms``). ``observe`` builds the
+    Prometheus access by it; ``MetricsAvailable`` clears on a pass that read it without error."""
+    return need(phase, spec) in (Need.PREFLIGHT, Need.STEP, Need.GUARD, Need.LIVE) or watches_live_arms(phase, spec)
 
 
 def reconcile(world: Observed) -> Plan:
@@ -88,8 +95,7 @@ def reconcile(world: Observed) -> Plan:
                  "; ".join(f"{e.source}: {e.message}" for e in world.read_errors)
                  + f" ({ctx.progress.read_errors} pass(es) in a row; deadlines still apply, nothing is promoted "
                    "without data)")
-    elif need(ctx.phase, spec) not in (None, Need.DECISION) or (need(ctx.phase, spec) is Need.DECISION
-                                                                and spec.load.mode == LoadMode.live):
+    elif reads_prometheus(ctx.phase, spec):
         ctx.progress.read_errors = None
         ctx.fact(C.MetricsAvailable, True, "Read", "Prometheus answered")
 

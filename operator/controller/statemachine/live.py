@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from lookahead_operator.api.spec import LoadMode, LoadSplit
+from lookahead_operator.api.spec import LoadMode, LoadSplit, LookaheadPolicySpec
 from lookahead_operator.api.status import LiveStatus, LiveStratum, Phase
 from lookahead_operator.controller import livesplit
 from lookahead_operator.controller.statemachine.cleanup import _roll_back, _stop
@@ -228,29 +228,24 @@ def _settled(results: LiveResults) -> bool:
 
 def _aborted(ctx: PassContext) -> bool:
     """The safety abort (``livesplit.abort_reason`` on the last ``analysis.abort.window`` of each
-    arm): the canary's share goes at once (``split: gatewayAPI``: the route restored first, in the
-    same pass; canary and control deleted: their pods leave the Service), CanaryHealthy=False and a
-    Warning Event say why, and the policy ends RolledBack with the fleet untouched
-    (``status.rollback`` holds the reason, the sentence and when). So does a canary the abort cannot
-    see (``_blind``): no reading of both arms for ``analysis.abort.maxBlind`` while they serve."""
-    live, progress = ctx.world.live, ctx.progress
+    arm, and ``livesplit.blind_reason``: no reading of both arms for ``analysis.abort.maxBlind``
+    while they serve): the canary's share goes at once (``split: gatewayAPI``: the route restored
+    first, in the same pass; canary and control deleted: their pods leave the Service),
+    CanaryHealthy=False and a Warning Event say why, and the policy ends RolledBack with the fleet
+    untouched (``status.rollback`` holds the reason, the sentence and when)."""
+    live, progress, abort = ctx.world.live, ctx.progress, ctx.spec.analysis.abort
     judged = live is not None and live.canary_recent is not None and live.control_recent is not None
     if judged and live.seen_until is not None and (progress.abort_seen_until is None
                                                    or live.seen_until > progress.abort_seen_until):
         progress.abort_seen_until = live.seen_until
-    blind = _blind(ctx)
-    if blind is not None:
-        ctx.fact(C.CanaryHealthy, False, "AbortBlind", blind)
-        ctx.events.append(("Warning", "AbortBlind", blind))
-        _roll_back(ctx, "AbortBlind", blind)
-        return True
-    if not judged:
-        return False
-    reason = livesplit.abort_reason(live.canary_recent, live.control_recent, ctx.spec.analysis.abort)
+    reason = (livesplit.blind_reason(progress.abort_seen_until, progress.measuring_since, ctx.world.now, abort,
+                                     _unseen(ctx))
+              or (livesplit.abort_reason(live.canary_recent, live.control_recent, abort) if judged else None))
     if reason is None:
-        ctx.fact(C.CanaryHealthy, True, "WithinAbortThresholds",
-                 f"the canary's errors, time to first token and per-token latency over the last "
-                 f"{_seconds(ctx.spec.analysis.abort.window):.0f}s are within analysis.abort")
+        if judged:
+            ctx.fact(C.CanaryHealthy, True, "WithinAbortThresholds",
+                     f"the canary's errors, time to first token and per-token latency over the last "
+                     f"{_seconds(abort.window):.0f}s are within analysis.abort")
         return False
     message = f"live: {reason.message}: the canary's share of traffic was removed"
     ctx.fact(C.CanaryHealthy, False, reason.reason, message)
@@ -259,37 +254,31 @@ def _aborted(ctx: PassContext) -> bool:
     return True
 
 
-def _blind(ctx: PassContext) -> str | None:
-    """Why the abort has been blind longer than ``analysis.abort.maxBlind``, or None: it has not seen
-    both arms' metrics (``progress.abortSeenUntil``: Prometheus had scraped them up to there) since
-    then, counted from when they began to serve at the latest. A canary serving users that nobody
-    watches is not left serving: Prometheus unreachable, or not scraping an arm's pods, for that
-    long ends it as a failed check would."""
-    progress, world = ctx.progress, ctx.world
-    seen = [t for t in (progress.abort_seen_until, progress.measuring_since) if t is not None]
-    if not seen:
-        return None
-    limit = ctx.spec.analysis.abort.max_blind
-    blind_for = ctx.since(max(seen))
-    if blind_for <= limit:
-        return None
+def _unseen(ctx: PassContext) -> str:
+    """What kept the abort from seeing both arms this pass, in words (for ``blind_reason``)."""
+    world = ctx.world
     if world.read_errors:
-        why = "; ".join(f"{e.source}: {e.message}" for e in world.read_errors)
-    elif world.live is not None and world.live.seen_until is None:
-        why = "Prometheus has no live series of an arm's pods (not scraped, or their targets are down)"
-    elif world.live is not None:
-        why = f"Prometheus has scraped both arms only up to {world.live.seen_until.isoformat()}"
-    else:
-        why = "the arms' metrics were not read"
-    return (f"live: the safety abort has not seen both arms' metrics for {_seconds(blind_for):.0f}s (analysis.abort.maxBlind "
-            f"is {spell(limit)}): {why}; the canary's share of traffic was removed")
+        return "; ".join(f"{e.source}: {e.message}" for e in world.read_errors)
+    if world.live is None:
+        return "the arms' metrics were not read"
+    if world.live.seen_until is None:
+        return "Prometheus has no live series of an arm's pods (not scraped, or their targets are down)"
+    return f"Prometheus has scraped both arms only up to {world.live.seen_until.isoformat()}"
+
+
+def watches_live_arms(phase: Phase, spec: LookaheadPolicySpec | None) -> bool:
+    """Live mode's canary and control serve their share of the users in ``phase`` (Measuring, and
+    Deciding: a decision waiting for approval, or paused there), so the safety abort reads them on
+    every pass. The one rule for it: ``observe`` reads the abort's windows by it, the pause keeps the
+    abort by it, and ``core.reads_prometheus`` counts those passes as reading Prometheus."""
+    return spec is not None and spec.load.mode == LoadMode.live and phase in (Phase.Measuring, Phase.Deciding)
 
 
 def _watch_paused(ctx: PassContext) -> None:
-    """Paused with canary and control serving their share of the users (Measuring, or a decision
-    waiting for approval): the pause freezes the measurement's clocks, never the safety abort, which
-    goes on every ``analysis.abort.checkInterval`` (blind included)."""
-    if ctx.spec.load.mode != LoadMode.live or ctx.phase not in (Phase.Measuring, Phase.Deciding):
+    """Paused while canary and control serve users (``watches_live_arms``): the pause freezes the
+    measurement's clocks, never the safety abort, which goes on every ``analysis.abort.checkInterval``
+    (blind included)."""
+    if not watches_live_arms(ctx.phase, ctx.spec):
         return
     if not _aborted(ctx):
         ctx.wait(_seconds(ctx.spec.analysis.abort.check_interval))
@@ -321,4 +310,5 @@ def _r(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
-__all__ = ["_ensure_arms", "_gateway", "_live_split", "_measuring_live", "_route_split", "_watch_paused"]
+__all__ = ["_ensure_arms", "_gateway", "_live_split", "_measuring_live", "_route_split", "_watch_paused",
+           "watches_live_arms"]

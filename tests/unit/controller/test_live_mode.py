@@ -378,6 +378,18 @@ def test_paused_live_policies_keep_the_safety_abort():
     assert_blind_abort(plan, w2, "ConnectionError")
 
 
+def test_the_passes_that_watch_the_live_arms_and_read_prometheus():
+    sweep = example_spec()
+    for phase in Phase:
+        watched = sm.watches_live_arms(phase, SPEC)
+        assert watched == (phase in (Phase.Measuring, Phase.Deciding)), phase
+        assert not sm.watches_live_arms(phase, sweep) and not sm.watches_live_arms(phase, None)
+        assert sm.reads_prometheus(phase, SPEC) == (watched or sm.need(phase, SPEC) is not None
+                                                    and sm.need(phase, SPEC) != "Decision"), phase
+    # a sweep's Deciding reads nothing (the decision is pure), live mode's reads the abort's windows
+    assert not sm.reads_prometheus(Phase.Deciding, sweep) and sm.reads_prometheus(Phase.Deciding, SPEC)
+
+
 def test_a_sweep_is_never_aborted_for_blindness():
     from .test_statemachine import to_measuring, world as sweep_world
     w = to_measuring(sweep_world())

@@ -508,3 +508,23 @@ def test_abort_thresholds_come_from_the_spec():
     assert ls.abort_reason(ArmWindow(1, 1), ArmWindow(10, 0), strict).signal == "errors"
     assert ls.abort_reason(ArmWindow(5, 0, 0.7, 0.01), ArmWindow(5, 0, 0.4, 0.01), strict).signal == "ttft"
     assert ls.abort_reason(ArmWindow(5, 0, 0.4, 0.013), ArmWindow(5, 0, 0.4, 0.01), strict).signal == "tokenLatency"
+
+
+def test_the_abort_is_blind_past_max_blind_from_what_it_last_saw_or_from_when_the_arms_served():
+    from datetime import datetime, timedelta, timezone
+
+    t0 = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    s = timedelta(seconds=1)
+    assert ls.blind_reason(None, None, t0 + 3600 * s, ABORT, "x") is None          # nothing serves yet
+    assert ls.blind_reason(None, t0, t0 + 120 * s, ABORT, "x") is None             # 2m is the default, inclusive
+    r = ls.blind_reason(None, t0, t0 + 121 * s, ABORT, "Prometheus refused")      # never seen since serving
+    assert r.signal == ls.AbortSignal.blind and r.reason == "AbortBlind"
+    assert r.message == ("the safety abort has not seen both arms' metrics for 121s (analysis.abort.maxBlind is "
+                         "2m): Prometheus refused")
+    assert (r.canary, r.limit) == (121.0, 120.0)
+    # the later of the last reading and the start of serving counts
+    assert ls.blind_reason(t0 + 100 * s, t0, t0 + 200 * s, ABORT, "x") is None
+    assert ls.blind_reason(t0, t0 + 100 * s, t0 + 200 * s, ABORT, "x") is None
+    assert ls.blind_reason(t0 + 100 * s, t0, t0 + 221 * s, ABORT, "x") is not None
+    wide = AbortSpec.model_validate({"maxBlind": "30m"})
+    assert ls.blind_reason(t0, t0, t0 + 1799 * s, wide, "x") is None
