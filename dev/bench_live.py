@@ -737,7 +737,6 @@ def summarise_live(u: Units, th: Thresholds, select: np.ndarray | None = None) -
         }
     out["units"] = {"all": int(sel.sum()), "deserving": int(good.sum()), "regressions": int(reg.sum()),
                     "not_deserving": int(bad.sum())}
-    out["by_abort"] = by_abort(u, good, reg)
     return out
 
 
@@ -768,7 +767,8 @@ def live_report(u: Units, th: Thresholds, seeds: int, n_scenarios: int) -> dict:
     out["scenarios"] = n_scenarios
     out["seeds"] = seeds
     out["units"] = summary["units"]
-    out["by_abort"] = summary["by_abort"]
+    lr = np.concatenate(u.log_ratio) if u.log_ratio else np.zeros(0)
+    out["by_abort"] = by_abort(u, deserves(lr, th) & head, regression(lr) & head)
     out["strata_below_min_windows"] = round(u.unvisited / max(u.strata_total, 1), 5)
     ab = np.array([c for r, c in u.aborted_router if r in HEADLINE_ROUTERS], dtype=int)
     out["aborted_runs"] = round(float((ab > 0).mean()) if ab.size else 0.0, 5)

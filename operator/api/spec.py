@@ -996,7 +996,8 @@ ABORT_WINDOW_SAMPLES = "abort.window must be at least sampleInterval (Prometheus
 #: analysis.abort.maxBlind's bounds: longer than one check and a scrape, short enough to protect users.
 ABORT_BLIND_MIN = timedelta(seconds=30)
 ABORT_BLIND_MAX = timedelta(minutes=30)
-ABORT_BLIND_RANGE = "maxBlind must be at least 30s and checkInterval, and at most 30m"
+ABORT_BLIND_RANGE = (f"maxBlind must be at least {_duration_out(ABORT_BLIND_MIN)} and checkInterval, and at most "
+                     f"{_duration_out(ABORT_BLIND_MAX)}")
 
 
 class AbortSpec(ApiModel):
@@ -1035,8 +1036,10 @@ class AbortSpec(ApiModel):
              f" || {_pct_cel('self.maxTokenLatencyRegression')} >= {ABORT_MIN_RISE * 100}", ABORT_TOKEN_FLOOR,
              ".maxTokenLatencyRegression"),
         _cel(f"!{_dur_ok('self.maxBlind')} || !{_dur_ok('self.checkInterval')}"
-             " || (duration(self.maxBlind) >= duration('30s') && duration(self.maxBlind) >= duration(self.checkInterval)"
-             " && duration(self.maxBlind) <= duration('30m'))", ABORT_BLIND_RANGE, ".maxBlind"),
+             f" || (duration(self.maxBlind) >= duration('{_duration_out(ABORT_BLIND_MIN)}')"
+             " && duration(self.maxBlind) >= duration(self.checkInterval)"
+             f" && duration(self.maxBlind) <= duration('{_duration_out(ABORT_BLIND_MAX)}'))", ABORT_BLIND_RANGE,
+             ".maxBlind"),
     ]})
 
     check_interval: Duration = Field(
@@ -1095,7 +1098,8 @@ DEFAULT_DEADLINE = timedelta(minutes=30)
 DEFAULT_LIVE_DEADLINE = timedelta(hours=1)
 #: The same as CEL: the deadline a rule compares, written or defaulted.
 _DEADLINE_OF = ("(has(self.analysis.deadline) ? duration(self.analysis.deadline)"
-                " : (has(self.load.mode) && self.load.mode == 'live' ? duration('1h') : duration('30m')))")
+                f" : (has(self.load.mode) && self.load.mode == 'live' ? duration('{_duration_out(DEFAULT_LIVE_DEADLINE)}')"
+                f" : duration('{_duration_out(DEFAULT_DEADLINE)}')))")
 
 
 class AnalysisSpec(ApiModel):
